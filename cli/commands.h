@@ -1,0 +1,24 @@
+// Subcommand registration. Each subcommand owns its options and --help, and sets `run`, which
+// main calls after parsing; it returns the process exit code.
+#pragma once
+#include <CLI/CLI.hpp>
+
+#include <cstddef>
+#include <functional>
+#include <string>
+
+namespace opforge::cli {
+
+using Runner = std::function<int()>;
+
+void add_crawl(CLI::App& app, Runner& run);
+void add_status(CLI::App& app, Runner& run);
+void add_worker(CLI::App& app, Runner& run);
+
+// Shared option helpers.
+void add_workspace_option(CLI::App& cmd, std::string& workspace);
+int default_workers();
+// A resident-memory budget per worker that leaves room for the rest of the machine.
+std::size_t default_memory_limit_mb(int workers);
+
+}  // namespace opforge::cli

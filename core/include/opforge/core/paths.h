@@ -1,0 +1,19 @@
+// Where opforge finds its own files and its Python, so the binary works from any directory.
+#pragma once
+#include <filesystem>
+
+namespace opforge {
+
+// The project tree holding data/ and python/: $OPFORGE_HOME, else the source tree it was built from.
+std::filesystem::path project_root();
+std::filesystem::path data_dir();
+// The folder put on sys.path of embedded interpreters (holds the `opforge` package).
+std::filesystem::path python_package_dir();
+// The venv interpreter the workers embed: $OPFORGE_PYTHON, else the one chosen at configure time.
+// Throws opforge::Error saying how to fix it when it does not exist.
+std::filesystem::path python_executable();
+// This binary (/proc/self/exe), used to spawn `opforge worker` children.
+std::filesystem::path self_executable();
+const char* version();
+
+}  // namespace opforge

@@ -1,0 +1,32 @@
+#include "opforge/core/paths.h"
+
+#include <cstdlib>
+
+#include "opforge/core/error.h"
+
+namespace opforge {
+
+std::filesystem::path project_root() {
+  if (const char* home = std::getenv("OPFORGE_HOME"); home && *home) return home;
+  return OPFORGE_SOURCE_DIR;
+}
+
+std::filesystem::path data_dir() { return project_root() / "data"; }
+
+std::filesystem::path python_package_dir() { return project_root() / "python"; }
+
+std::filesystem::path python_executable() {
+  std::filesystem::path p = OPFORGE_DEFAULT_PYTHON;
+  if (const char* env = std::getenv("OPFORGE_PYTHON"); env && *env) p = env;
+  OPFORGE_CHECK(std::filesystem::exists(p),
+                "Python interpreter {} not found: run `make setup` to create the project venv, or set "
+                "OPFORGE_PYTHON to a venv's python that has torch installed",
+                p.string());
+  return p;
+}
+
+std::filesystem::path self_executable() { return std::filesystem::read_symlink("/proc/self/exe"); }
+
+const char* version() { return OPFORGE_VERSION; }
+
+}  // namespace opforge

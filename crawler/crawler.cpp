@@ -1,0 +1,242 @@
+#include "crawler.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <map>
+#include <set>
+
+#include "opforge/core/error.h"
+#include "opforge/core/hash.h"
+#include "opforge/core/paths.h"
+#include "opforge/core/progress.h"
+#include "opforge/core/worker_pool.h"
+
+namespace opforge::crawler {
+
+using nlohmann::json;
+
+void migrate(Db& db) {
+  db.migrate("crawler", {
+                            R"sql(
+CREATE TABLE seeds (
+  name        TEXT PRIMARY KEY,   -- qualified operator name: torch.nn.Conv2d, torch.cumsum, transformers.models....
+  id          TEXT UNIQUE,        -- xxh3 of the normalised code, once runnable
+  source      TEXT NOT NULL,      -- torch | transformers | local
+  category    TEXT NOT NULL,
+  status      TEXT NOT NULL CHECK (status IN ('pending', 'runnable', 'skipped')),
+  reason      TEXT,               -- why skipped: a fixed code (docs/reasons.md)
+  detail      TEXT,               -- the error text or rule that decided it
+  candidates  TEXT NOT NULL DEFAULT '[]',  -- JSON list of candidate codes, first that runs wins
+  code        TEXT,               -- the runnable seed task
+  ops         TEXT,               -- JSON list, traced from running the code
+  inputs      TEXT,               -- JSON: shapes and dtypes
+  outputs     TEXT,
+  probe_ms    REAL,
+  device      TEXT,
+  versions    TEXT,               -- JSON: python, torch, transformers
+  path        TEXT,               -- for local seeds: the file
+  crawled_at  TEXT NOT NULL DEFAULT (datetime('now')),
+  probed_at   TEXT
+);
+CREATE INDEX seeds_status ON seeds(status, source);
+)sql",
+                        });
+}
+
+namespace {
+
+
+void record_failure(Db& db, const std::string& name, const std::string& reason, const std::string& detail) {
+  db.transaction([&] {
+    db.prepare("UPDATE seeds SET status = 'skipped', reason = ?, detail = ?, probed_at = datetime('now') WHERE name = ?")
+        .bind(1, reason)
+        .bind(2, detail)
+        .bind(3, name)
+        .run();
+  });
+}
+
+}  // namespace
+
+CrawlSummary crawl(Workspace& ws, const CrawlOptions& opts) {
+  auto t0 = std::chrono::steady_clock::now();
+  Db& db = ws.db();
+  migrate(db);
+  CrawlSummary sum;
+
+  WorkerPoolOptions popts;
+  popts.workers = opts.workers;
+  popts.timeout_s = opts.timeout_s;
+  popts.memory_limit_mb = opts.memory_limit_mb;
+  popts.log_file = ws.logs_dir() / "workers.log";
+  WorkerPool pool(popts);
+
+  // 1. Enumerate (deterministic: same torch/transformers, same rules → same items).
+  json files = json::array();
+  for (auto& f : opts.files) {
+    OPFORGE_CHECK(std::filesystem::exists(f), "seed path {} does not exist (given with --add)", f.string());
+    files.push_back(std::filesystem::absolute(f).string());
+  }
+  json req = {{"op", "enumerate"},
+              {"timeout_s", 900},
+              {"args",
+               {{"data_dir", data_dir().string()},
+                {"sources", opts.sources},
+                {"files", files},
+                {"match", opts.match.empty() ? json(nullptr) : json(opts.match)},
+                {"limit", opts.limit}}}};
+  spdlog::info("enumerating operators of {}", opts.sources.empty() ? "no library" : fmt::format("{}", fmt::join(opts.sources, ", ")));
+  WorkerResult er = pool.call(req);
+  OPFORGE_CHECK(er.outcome == Outcome::ok, "enumeration failed in the worker: {} {}\n{}", outcome_name(er.outcome),
+                er.reason, er.log_tail);
+  OPFORGE_CHECK(er.reply.value("ok", false), "enumeration failed: {}: {}\n{}", er.reply.value("error", ""),
+                er.reply.value("message", ""), er.reply.value("traceback", ""));
+  const json& items = er.reply["result"];
+  sum.enumerated = items.size();
+  std::string versions = json{{"python", pool.worker_info().value("python", "")},
+                              {"torch", pool.worker_info().value("torch", "")},
+                              {"transformers", pool.worker_info().value("transformers", json(nullptr))}}
+                             .dump();
+
+  // 2. Record every item; existing rows are left as they are (a re-run adds nothing).
+  std::set<std::string> names;
+  db.transaction([&] {
+    auto ins = db.prepare(
+        "INSERT INTO seeds(name, source, category, status, reason, detail, candidates, path, versions) "
+        "VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO NOTHING");
+    for (const auto& it : items) {
+      std::string name = it.at("name");
+      names.insert(name);
+      bool skip = it.contains("skip");
+      ins.reset();
+      ins.bind(1, name)
+          .bind(2, it.at("source").get<std::string>())
+          .bind(3, it.at("category").get<std::string>())
+          .bind(4, skip ? "skipped" : "pending");
+      if (skip) {
+        ins.bind(5, it["skip"].get<std::string>()).bind(6, it.value("detail", ""));
+      } else {
+        ins.bind_null(5).bind_null(6);
+      }
+      ins.bind(7, it.value("candidates", json::array()).dump());
+      if (it.contains("path")) ins.bind(8, it["path"].get<std::string>()); else ins.bind_null(8);
+      ins.bind(9, versions);
+      ins.run();
+      sum.added += static_cast<std::size_t>(sqlite3_changes(db.raw()));
+    }
+  });
+  spdlog::info("{} operators enumerated, {} new", sum.enumerated, sum.added);
+
+  if (opts.retry_failed) {
+    db.transaction([&] {
+      db.exec("UPDATE seeds SET status = 'pending', reason = NULL, detail = NULL WHERE status = 'skipped' AND "
+              "candidates != '[]' AND reason IN ('timeout', 'worker_crash', 'out_of_memory', 'probe_error', "
+              "'forward_error', 'init_error', 'load_error', 'import_error', 'input_error', 'no_tensor_output')");
+    });
+  }
+
+  // 3. Probe what has no verdict yet, one transaction per result.
+  std::vector<std::string> pending;
+  std::vector<json> requests;
+  {
+    auto st = db.prepare("SELECT name, candidates FROM seeds WHERE status = 'pending' ORDER BY name");
+    while (st.step()) {
+      std::string name = st.text(0);
+      if (!names.count(name)) continue;  // outside this run's --match/--limit/--sources
+      pending.push_back(name);
+      requests.push_back({{"op", "probe"},
+                          {"args", {{"candidates", json::parse(st.text(1))}, {"device", opts.device}}}});
+    }
+  }
+  if (requests.empty()) {
+    spdlog::info("nothing to probe");
+  } else {
+    spdlog::info("probing {} seeds on {} with {} workers", requests.size(), opts.device, opts.workers);
+  }
+  Progress progress("probe", requests.size());
+  auto upd = db.prepare(
+      "UPDATE seeds SET status = 'runnable', id = ?, code = ?, ops = ?, inputs = ?, outputs = ?, probe_ms = ?, "
+      "device = ?, versions = ?, reason = NULL, detail = ?, probed_at = datetime('now') WHERE name = ?");
+  auto dup = db.prepare("SELECT name FROM seeds WHERE id = ? AND name != ?");
+  pool.run(requests, [&](WorkerResult&& r) {
+    const std::string& name = pending[r.index];
+    ++sum.probed;
+    with_context(fmt::format("while recording the probe of {}", name), [&] {
+      if (r.outcome != Outcome::ok) {
+        std::string detail = r.reason;
+        if (!r.log_tail.empty()) detail += "\n--- worker log tail ---\n" + r.log_tail;
+        record_failure(db, name, outcome_name(r.outcome), detail);
+        ++sum.failed;
+        return;
+      }
+      if (!r.reply.value("ok", false)) {
+        record_failure(db, name, "probe_error",
+                       r.reply.value("error", "") + ": " + r.reply.value("message", ""));
+        ++sum.failed;
+        return;
+      }
+      const json& res = r.reply["result"];
+      if (!res.value("ok", false)) {
+        record_failure(db, name, res.value("reason", "probe_error"), res.value("message", ""));
+        ++sum.failed;
+        return;
+      }
+      int cand = res.value("candidate", 0);
+      json cands = requests[r.index]["args"]["candidates"];
+      std::string code = cands.at(cand);
+      std::string id = xxh3_hex(res.at("normalized").get<std::string>());
+      dup.reset();
+      dup.bind(1, id).bind(2, name);
+      if (dup.step()) {
+        record_failure(db, name, "duplicate", "same normalised code as " + dup.text(0));
+        ++sum.failed;
+        return;
+      }
+      json device_info = pool.worker_info();
+      db.transaction([&] {
+        upd.reset();
+        upd.bind(1, id)
+            .bind(2, code)
+            .bind(3, res.at("ops").dump())
+            .bind(4, res.at("inputs").dump())
+            .bind(5, res.at("outputs").dump())
+            .bind(6, res.value("probe_ms", 0.0))
+            .bind(7, res.value("device", opts.device))
+            .bind(8, versions)
+            .bind(9, res.value("errors", json::array()).empty() ? std::string() : res["errors"].dump())
+            .bind(10, name)
+            .run();
+      });
+      ++sum.runnable;
+    });
+    progress.tick(1, fmt::format("{} runnable, {} failed", sum.runnable, sum.failed));
+  });
+  progress.finish();
+  sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return sum;
+}
+
+json status(Db& db) {
+  migrate(db);
+  json out = {{"total", 0}, {"runnable", 0}, {"skipped", 0}, {"pending", 0}, {"by_source", json::object()},
+              {"by_category", json::object()}, {"top_skip_reasons", json::array()}};
+  auto st = db.prepare("SELECT source, category, status, count(*) FROM seeds GROUP BY source, category, status");
+  while (st.step()) {
+    std::string source = st.text(0), category = st.text(1), status = st.text(2);
+    auto n = st.int64(3);
+    for (json* bucket : {&out["by_source"][source], &out["by_category"][source][category]}) {
+      if (bucket->is_null()) *bucket = {{"runnable", 0}, {"skipped", 0}, {"pending", 0}};
+      (*bucket)[status] = (*bucket)[status].get<std::int64_t>() + n;
+    }
+    out[status] = out[status].get<std::int64_t>() + n;
+    out["total"] = out["total"].get<std::int64_t>() + n;
+  }
+  auto rs = db.prepare(
+      "SELECT source, reason, count(*) AS n FROM seeds WHERE status = 'skipped' GROUP BY source, reason "
+      "ORDER BY n DESC, source, reason LIMIT 12");
+  while (rs.step()) out["top_skip_reasons"].push_back({{"source", rs.text(0)}, {"reason", rs.text(1)}, {"count", rs.int64(2)}});
+  return out;
+}
+
+}  // namespace opforge::crawler

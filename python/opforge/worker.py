@@ -1,0 +1,77 @@
+"""Request dispatch of an `opforge worker` process.
+
+Every request is one JSON object {"op": NAME, "args": {...}}; every reply is one JSON object
+{"ok": true, "result": ...} or {"ok": false, "error": TYPE, "message": TEXT, "traceback": TEXT}.
+An exception in a handler is an answer, not a crash: only a dead process is a crash.
+"""
+import importlib
+import json
+import os
+import platform
+import sys
+import traceback
+
+import torch  # imported once per worker: the reason workers are long-lived
+
+# op name -> "module:function"; modules are imported on first use so a worker that only probes
+# never pays for what the crawler's enumeration imports.
+HANDLERS = {
+    "ping": "opforge.worker:ping",
+    "probe": "opforge.probe:probe",
+    "enumerate": "opforge.crawl:enumerate_ops",
+    "normalize": "opforge.normalize:normalize_request",
+}
+
+
+def _versions():
+    from importlib import metadata
+
+    def ver(pkg):
+        try:
+            return metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            return None
+
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": ver("transformers"),
+        "cuda_available": torch.cuda.is_available(),
+        "executable": sys.executable,
+        "prefix": sys.prefix,
+        "pid": os.getpid(),
+    }
+    if torch.cuda.is_available():
+        info["device_name"] = torch.cuda.get_device_name(0)
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def startup(_arg=""):
+    return json.dumps({"ready": True, **_versions()})
+
+
+def ping(**kwargs):
+    return {"pong": True, **kwargs}
+
+
+def handle(line):
+    try:
+        req = json.loads(line)
+        op = req.get("op")
+        if op not in HANDLERS:
+            raise ValueError(f"unknown op {op!r}; known: {sorted(HANDLERS)}")
+        mod_name, fn_name = HANDLERS[op].split(":")
+        fn = getattr(importlib.import_module(mod_name), fn_name)
+        result = fn(**req.get("args", {}))
+        return json.dumps({"ok": True, "result": result})
+    # SystemExit too: task code calling sys.exit() must not end the worker.
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - every failure becomes an answer
+        return json.dumps(
+            {
+                "ok": False,
+                "error": type(e).__name__,
+                "message": str(e)[:2000],
+                "traceback": traceback.format_exc()[-4000:],
+            }
+        )
