@@ -1,0 +1,37 @@
+// Helpers for the test suites: temporary folders and running the real opforge binary.
+#pragma once
+#include <sys/types.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace opforge::test {
+
+// A fresh folder removed at the end of the test (kept when OPFORGE_KEEP_TEST_DIRS is set).
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& p) const { return path_ / p; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct CmdResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+// Runs build/opforge with args, waits, captures stdout and stderr.
+CmdResult run_opforge(const std::vector<std::string>& args);
+// Starts build/opforge in the background (output discarded); returns its pid.
+pid_t spawn_opforge(const std::vector<std::string>& args);
+
+std::string read_file(const std::filesystem::path& p);
+void write_file(const std::filesystem::path& p, const std::string& text);
+std::filesystem::path fixtures();
+
+}  // namespace opforge::test

@@ -1,0 +1,100 @@
+// The supervisor against real workers: real CPython, real torch, real crashes.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include "opforge/core/error.h"
+#include "opforge/core/worker_pool.h"
+#include "test_support.h"
+
+using namespace opforge;
+using nlohmann::json;
+
+namespace {
+
+WorkerPoolOptions options(int workers = 2) {
+  WorkerPoolOptions o;
+  o.workers = workers;
+  o.worker_exe = OPFORGE_BIN;
+  o.timeout_s = 60;
+  return o;
+}
+
+json probe(const std::string& fixture, double timeout_s = 0) {
+  json r = {{"op", "probe"},
+            {"args", {{"candidates", {test::read_file(test::fixtures() / "planted" / fixture)}}, {"device", "cpu"}}}};
+  if (timeout_s > 0) r["timeout_s"] = timeout_s;
+  return r;
+}
+
+}  // namespace
+
+TEST(WorkerPool, WorkersEmbedTheVenvAndAnswer) {
+  WorkerPool pool(options(1));
+  auto r = pool.call({{"op", "ping"}, {"args", {{"x", 3}}}});
+  ASSERT_EQ(r.outcome, Outcome::ok) << r.reason;
+  EXPECT_TRUE(r.reply["ok"].get<bool>());
+  EXPECT_EQ(r.reply["result"]["x"], 3);
+  const json& info = pool.worker_info();
+  EXPECT_FALSE(info["torch"].get<std::string>().empty());
+  // sys.executable must be a real python inside the venv (inductor spawns compile workers with it).
+  std::string exe = info["executable"];
+  EXPECT_TRUE(std::filesystem::exists(exe)) << exe;
+  EXPECT_NE(exe.find("venv"), std::string::npos) << exe;
+}
+
+TEST(WorkerPool, HandlerErrorsAreAnswersNotCrashes) {
+  WorkerPool pool(options(1));
+  auto r = pool.call({{"op", "no_such_op"}});
+  ASSERT_EQ(r.outcome, Outcome::ok);
+  EXPECT_FALSE(r.reply["ok"].get<bool>());
+  EXPECT_NE(r.reply["message"].get<std::string>().find("unknown op"), std::string::npos);
+}
+
+TEST(WorkerPool, CrashesHangsAndMemoryHogsAreRecordedAndThePoolGoesOn) {
+  auto o = options(2);
+  o.memory_limit_mb = 1500;
+  WorkerPool pool(o);
+  std::vector<json> reqs = {probe("segfault.py"), probe("hang.py", 5), probe("memory_hog.py"), probe("abort.py"),
+                            probe("good_relu.py"), probe("noisy_stdout.py"), probe("good_relu.py")};
+  std::vector<WorkerResult> results(reqs.size());
+  std::vector<int> seen(reqs.size(), 0);
+  pool.run(reqs, [&](WorkerResult&& r) {
+    seen[r.index]++;
+    results[r.index] = std::move(r);
+  });
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(seen[i], 1) << "request " << i << " answered once";
+
+  EXPECT_EQ(results[0].outcome, Outcome::worker_crash);
+  EXPECT_NE(results[0].reason.find("signal 11"), std::string::npos) << results[0].reason;
+
+  EXPECT_EQ(results[1].outcome, Outcome::timeout);
+  EXPECT_NE(results[1].reason.find("within 5 s"), std::string::npos) << results[1].reason;
+
+  EXPECT_EQ(results[2].outcome, Outcome::out_of_memory);
+  EXPECT_NE(results[2].reason.find("limit of 1500 MiB"), std::string::npos) << results[2].reason;
+
+  EXPECT_EQ(results[3].outcome, Outcome::worker_crash);
+  EXPECT_NE(results[3].reason.find("signal 6"), std::string::npos) << results[3].reason;
+
+  for (size_t i : {4, 5, 6}) {
+    ASSERT_EQ(results[i].outcome, Outcome::ok) << i << ": " << results[i].reason;
+    EXPECT_TRUE(results[i].reply["result"]["ok"].get<bool>()) << results[i].reply.dump();
+  }
+  // Junk printed on stdout by task code does not reach the protocol.
+  EXPECT_EQ(results[5].reply["result"]["outputs"][0]["shape"], json({4, 4}));
+}
+
+TEST(WorkerPool, ABrokenPythonIsAClearErrorNotAHang) {
+  auto o = options(1);
+  o.env["OPFORGE_PYTHON"] = "/nonexistent/python3";
+  o.startup_timeout_s = 60;
+  WorkerPool pool(o);
+  try {
+    pool.call({{"op", "ping"}});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("workers cannot start"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("OPFORGE_PYTHON"), std::string::npos) << msg;
+  }
+}
