@@ -41,6 +41,11 @@ CREATE TABLE seeds (
 );
 CREATE INDEX seeds_status ON seeds(status, source);
 )sql",
+                            // v2: how each candidate is reused as one line of a composed forward.
+                            R"sql(
+ALTER TABLE seeds ADD COLUMN specs TEXT NOT NULL DEFAULT '[]';  -- JSON list parallel to candidates
+ALTER TABLE seeds ADD COLUMN spec TEXT;                         -- the runnable candidate's spec
+)sql",
                         });
 }
 
@@ -103,8 +108,10 @@ CrawlSummary crawl(Workspace& ws, const CrawlOptions& opts) {
   std::set<std::string> names;
   db.transaction([&] {
     auto ins = db.prepare(
-        "INSERT INTO seeds(name, source, category, status, reason, detail, candidates, path, versions) "
-        "VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO NOTHING");
+        "INSERT INTO seeds(name, source, category, status, reason, detail, candidates, path, versions, specs) "
+        "VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT(name) DO NOTHING");
+    // Rows crawled before schema v2 get their specs (same enumeration, same candidates).
+    auto fill_specs = db.prepare("UPDATE seeds SET specs = ? WHERE name = ? AND specs = '[]' AND candidates = ?");
     for (const auto& it : items) {
       std::string name = it.at("name");
       names.insert(name);
@@ -122,11 +129,33 @@ CrawlSummary crawl(Workspace& ws, const CrawlOptions& opts) {
       ins.bind(7, it.value("candidates", json::array()).dump());
       if (it.contains("path")) ins.bind(8, it["path"].get<std::string>()); else ins.bind_null(8);
       ins.bind(9, versions);
+      std::string specs = it.value("specs", json::array()).dump();
+      ins.bind(10, specs);
       ins.run();
-      sum.added += static_cast<std::size_t>(sqlite3_changes(db.raw()));
+      auto added = static_cast<std::size_t>(sqlite3_changes(db.raw()));
+      sum.added += added;
+      if (!added && !skip) {
+        fill_specs.reset();
+        fill_specs.bind(1, specs).bind(2, name).bind(3, it.value("candidates", json::array()).dump()).run();
+      }
     }
   });
   spdlog::info("{} operators enumerated, {} new", sum.enumerated, sum.added);
+
+  // Runnable rows of a v1 workspace: their spec is the one of the candidate that is their code.
+  db.transaction([&] {
+    auto st = db.prepare(
+        "SELECT name, candidates, specs, code FROM seeds WHERE status = 'runnable' AND spec IS NULL AND specs != '[]'");
+    auto set = db.prepare("UPDATE seeds SET spec = ? WHERE name = ?");
+    while (st.step()) {
+      json cands = json::parse(st.text(1)), specs = json::parse(st.text(2));
+      for (std::size_t i = 0; i < cands.size() && i < specs.size(); ++i)
+        if (cands[i] == st.text(3)) {
+          set.reset();
+          set.bind(1, specs[i].dump()).bind(2, st.text(0)).run();
+        }
+    }
+  });
 
   if (opts.retry_failed) {
     db.transaction([&] {
@@ -139,12 +168,14 @@ CrawlSummary crawl(Workspace& ws, const CrawlOptions& opts) {
   // 3. Probe what has no verdict yet, one transaction per result.
   std::vector<std::string> pending;
   std::vector<json> requests;
+  std::vector<json> pending_specs;
   {
-    auto st = db.prepare("SELECT name, candidates FROM seeds WHERE status = 'pending' ORDER BY name");
+    auto st = db.prepare("SELECT name, candidates, specs FROM seeds WHERE status = 'pending' ORDER BY name");
     while (st.step()) {
       std::string name = st.text(0);
       if (!names.count(name)) continue;  // outside this run's --match/--limit/--sources
       pending.push_back(name);
+      pending_specs.push_back(json::parse(st.text(2)));
       requests.push_back({{"op", "probe"},
                           {"args", {{"candidates", json::parse(st.text(1))}, {"device", opts.device}}}});
     }
@@ -157,7 +188,7 @@ CrawlSummary crawl(Workspace& ws, const CrawlOptions& opts) {
   Progress progress("probe", requests.size());
   auto upd = db.prepare(
       "UPDATE seeds SET status = 'runnable', id = ?, code = ?, ops = ?, inputs = ?, outputs = ?, probe_ms = ?, "
-      "device = ?, versions = ?, reason = NULL, detail = ?, probed_at = datetime('now') WHERE name = ?");
+      "device = ?, versions = ?, reason = NULL, detail = ?, spec = ?, probed_at = datetime('now') WHERE name = ?");
   auto dup = db.prepare("SELECT name FROM seeds WHERE id = ? AND name != ?");
   pool.run(requests, [&](WorkerResult&& r) {
     const std::string& name = pending[r.index];
@@ -205,8 +236,11 @@ CrawlSummary crawl(Workspace& ws, const CrawlOptions& opts) {
             .bind(7, res.value("device", opts.device))
             .bind(8, versions)
             .bind(9, res.value("errors", json::array()).empty() ? std::string() : res["errors"].dump())
-            .bind(10, name)
-            .run();
+            .bind(11, name);
+        const json& specs = pending_specs[r.index];
+        if (cand < static_cast<int>(specs.size()) && !specs[cand].is_null()) upd.bind(10, specs[cand].dump());
+        else upd.bind_null(10);
+        upd.run();
       });
       ++sum.runnable;
     });

@@ -78,7 +78,7 @@ TEST(Store, CrawlerSchemaIsVersioned) {
   test::TempDir dir;
   Workspace ws(dir / "ws");
   crawler::migrate(ws.db());
-  EXPECT_EQ(ws.db().schema_version("crawler"), 1);
+  EXPECT_EQ(ws.db().schema_version("crawler"), 2);
   auto st = ws.db().prepare("INSERT INTO seeds(name, source, category, status) VALUES('a', 'torch', 'x', 'bogus')");
   EXPECT_THROW(st.run(), Error) << "status is constrained to pending/runnable/skipped";
 }

@@ -38,7 +38,9 @@ def render(*, title, sizes, inputs, forward, init_params=(), init_lines=(), init
     after the size constants (e.g. a config object).
     """
     names = [n for n, _ in inputs]
-    texts = [e for _, e in inputs] + [forward] + list(init_lines) + list(init_values) + list(preamble)
+    # forward: one returned expression, or a list of statements (the last returns).
+    fwd_lines = [f"return {forward}"] if isinstance(forward, str) else list(forward)
+    texts = [e for _, e in inputs] + fwd_lines + list(init_lines) + list(init_values) + list(preamble)
     size_lines = [f"{k} = {sizes[k]}" for k in used_sizes(texts, sizes)]
     out = [HEADER + "".join(f"{i}\n" for i in imports)]
     if size_lines:
@@ -51,8 +53,7 @@ def render(*, title, sizes, inputs, forward, init_params=(), init_lines=(), init
         "\nclass Model(nn.Module):\n"
         f'    """{title}"""\n\n'
         f"    def __init__(self{params}):\n" + "\n".join(body) + "\n\n"
-        f"    def forward(self, {', '.join(names)}):\n"
-        f"        return {forward}\n"
+        f"    def forward(self, {', '.join(names)}):\n" + "".join(f"        {line}\n" for line in fwd_lines)
     )
     out.append(
         "\n\ndef get_inputs():\n"

@@ -40,11 +40,13 @@ class Layouts:
 
 
 def _item(name, source, category, candidates=None, skip=None, detail=""):
+    """candidates: codes, or (code, spec) pairs; specs travel beside the codes."""
     it = {"name": name, "source": source, "category": category}
     if skip:
         it.update(skip=skip, detail=detail)
     else:
-        it["candidates"] = candidates
+        it["candidates"] = [c[0] if isinstance(c, tuple) else c for c in candidates]
+        it["specs"] = [c[1] if isinstance(c, tuple) else None for c in candidates]
     return it
 
 
@@ -132,12 +134,19 @@ def _nn_candidates(name, cls, rule, nn_rules, lay):
     for layout in layouts:
         inputs = lay.exprs(layout, rule.get("inputs"))
         fwd = rule.get("forward", f"self.op({', '.join(n for n, _ in inputs)})")
-        out.append(codegen.render(title=f"Seed: torch.nn.{name}.", sizes=sizes, inputs=inputs, forward=fwd,
-                                  init_params=params, init_lines=init_lines, init_values=values))
+        code = codegen.render(title=f"Seed: torch.nn.{name}.", sizes=sizes, inputs=inputs, forward=fwd,
+                              init_params=params, init_lines=init_lines, init_values=values)
+        out.append((code, _spec(f"torch.nn.{name}", "module", inputs, fwd, init_lines, params, values)))
     return out
 
 
 # --- functions: torch.nn.functional and torch.* -------------------------------------------------
+
+def _spec(name, kind, inputs, forward, init_lines, params=(), values=()):
+    """How a composer reuses this seed as one line of a fused forward (see compose.py)."""
+    return {"name": name, "kind": kind, "inputs": [list(i) for i in inputs], "forward": forward,
+            "init_lines": list(init_lines), "init_params": list(params), "init_values": list(values)}
+
 
 def _fn_code(qual, call, inputs, lay, rule, title):
     init_lines = []
@@ -146,7 +155,8 @@ def _fn_code(qual, call, inputs, lay, rule, title):
     for attr, expr in rule.get("buffers", {}).items():
         init_lines.append(f"self.register_buffer({attr!r}, {expr})")
     fwd = call.replace("{fn}", qual)
-    return codegen.render(title=title, sizes=lay.sizes, inputs=inputs, forward=fwd, init_lines=init_lines)
+    code = codegen.render(title=title, sizes=lay.sizes, inputs=inputs, forward=fwd, init_lines=init_lines)
+    return code, _spec(qual, "function", inputs, fwd, init_lines)
 
 
 def _default_call(inputs):
@@ -231,8 +241,7 @@ def enumerate_torch(rules, lay):
             merged.update({k: v for k, v in rule.items() if k != "name"})
             inputs = lay.exprs(merged.get("layout"), merged.get("inputs"))
             call = merged.get("call", _default_call(inputs))
-            code = _fn_code(qual, call, inputs, lay, merged, f"Seed: {qual}.")
-            items.append(_item(qual, "torch", cat, candidates=[code]))
+            items.append(_item(qual, "torch", cat, candidates=[_fn_code(qual, call, inputs, lay, merged, f"Seed: {qual}.")]))
     # Public torch.* callables not in any group: recorded, so what the rules miss is visible.
     for name in sorted(dir(torch)):
         qual = f"torch.{name}"
