@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "composer.h"
 #include "crawler.h"
 #include "opforge/core/error.h"
 #include "opforge/core/store.h"
@@ -25,6 +26,13 @@ void print_table(const nlohmann::json& st) {
     std::cout << fmt::format("  {:<14} {:<22} {:>9} {:>9} {:>9}\n", source, "(all)", s["runnable"].get<long>(),
                              s["skipped"].get<long>(), s["pending"].get<long>());
   }
+  const auto& cands = st["candidates"];
+  std::cout << fmt::format("\ncandidates: {} total\n", cands["total"].get<long>());
+  for (auto& [b, n] : cands["by_backend"].items()) std::cout << fmt::format("  backend {:<12} {:>7}\n", b, n.get<long>());
+  for (auto& [k, n] : cands["by_num_ops"].items()) std::cout << fmt::format("  {:<20} {:>7}\n", k, n.get<long>());
+  for (auto& [b, reasons] : cands["failures"].items())
+    for (auto& [r, n] : reasons.items())
+      std::cout << fmt::format("  failed ({}) {:<22} {:>7}\n", b, r, n.get<long>());
   if (!seeds["top_skip_reasons"].empty()) {
     std::cout << "\n  top skip reasons\n";
     for (auto& r : seeds["top_skip_reasons"])
@@ -48,7 +56,8 @@ void add_status(CLI::App& app, Runner& run) {
                     *workspace);
       Workspace ws(*workspace);
       nlohmann::json st = {{"workspace", std::filesystem::absolute(*workspace).string()},
-                           {"seeds", crawler::status(ws.db())}};
+                           {"seeds", crawler::status(ws.db())},
+                           {"candidates", composer::status(ws.db())}};
       if (*as_json)
         std::cout << st.dump() << "\n";
       else

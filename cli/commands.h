@@ -12,6 +12,7 @@ namespace opforge::cli {
 using Runner = std::function<int()>;
 
 void add_crawl(CLI::App& app, Runner& run);
+void add_compose(CLI::App& app, Runner& run);
 void add_status(CLI::App& app, Runner& run);
 void add_worker(CLI::App& app, Runner& run);
 

@@ -41,6 +41,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   opforge::cli::Runner run;
   opforge::cli::add_crawl(app, run);
+  opforge::cli::add_compose(app, run);
   opforge::cli::add_status(app, run);
   opforge::cli::add_worker(app, run);
   try {

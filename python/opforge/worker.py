@@ -20,6 +20,7 @@ HANDLERS = {
     "probe": "opforge.probe:probe",
     "enumerate": "opforge.crawl:enumerate_ops",
     "normalize": "opforge.normalize:normalize_request",
+    "compose_template": "opforge.compose:compose_template",
 }
 
 

@@ -1,0 +1,59 @@
+#include <spdlog/spdlog.h>
+
+#include "commands.h"
+#include "composer.h"
+#include "opforge/core/store.h"
+
+namespace opforge::cli {
+
+void add_compose(CLI::App& app, Runner& run) {
+  auto* cmd = app.add_subcommand(
+      "compose",
+      "Add candidate tasks that fuse 1-5 crawled seed ops (template backend: deterministic and offline; llm "
+      "backend: any OpenAI-compatible endpoint). Needs a crawled workspace. A re-run with the same --seed "
+      "continues where the last stopped.");
+  struct Opts {
+    std::string workspace = "workspace";
+    composer::ComposeOptions c;
+  };
+  auto o = std::make_shared<Opts>();
+  o->c.workers = default_workers();
+  add_workspace_option(*cmd, o->workspace);
+  cmd->add_option("-n,--count", o->c.count, "Candidates to add")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--max-ops", o->c.max_ops, "Most seed ops fused into one task (1-5)")
+      ->check(CLI::Range(1, 5))
+      ->capture_default_str();
+  cmd->add_option("--mix", o->c.mix,
+                  "Share of tasks per number of fused torch ops (1-5) and of single transformers modules, in "
+                  "percent; default: Ops-6K's mix")
+      ->capture_default_str();
+  cmd->add_option("--backend", o->c.backend, "template or llm")
+      ->check(CLI::IsMember({"template", "llm"}))
+      ->capture_default_str();
+  cmd->add_option("--seed", o->c.seed, "RNG seed: same seed, same candidates")->capture_default_str();
+  cmd->add_option("--target-ms", o->c.target_ms, "Eager time the template backend sizes tasks for")
+      ->capture_default_str();
+  cmd->add_option("-j,--workers", o->c.workers, "Worker processes")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--llm-url", o->c.llm_url, "OpenAI-compatible endpoint, e.g. http://localhost:8000/v1");
+  cmd->add_option("--llm-model", o->c.llm_model, "Model name sent to the endpoint");
+  cmd->add_option("--llm-key-env", o->c.llm_key_env, "Environment variable holding the API key (never logged)")
+      ->capture_default_str();
+  cmd->add_option("--llm-concurrency", o->c.llm_concurrency, "Requests in flight")->capture_default_str();
+  cmd->add_option("--llm-timeout-s", o->c.llm_timeout_s, "Per-request time limit")->capture_default_str();
+  cmd->callback([&run, o] {
+    run = [o] {
+      Workspace ws(o->workspace);
+      auto s = composer::compose(ws, o->c);
+      spdlog::info("compose done in {:.1f}s: {} added, {} failed, {} duplicates", s.seconds, s.added, s.failed,
+                   s.duplicates);
+      for (auto& [b, n] : s.by_bucket) spdlog::info("  bucket {:<13} {:>6}", b, n);
+      for (auto& [r, n] : s.failures) spdlog::info("  failed {:<24} {:>6}", r, n);
+      if (o->c.backend == "llm")
+        spdlog::info("  tokens: {} prompt, {} completion; {} answers from the cache", s.prompt_tokens,
+                     s.completion_tokens, s.cached);
+      return 0;
+    };
+  });
+}
+
+}  // namespace opforge::cli

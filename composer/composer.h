@@ -1,0 +1,52 @@
+// opforge compose: new candidate tasks fused from crawled seeds, into the `tasks` table.
+//
+// Backends: `template` (deterministic, offline, python/opforge/compose.py run in workers) and
+// `llm` (any OpenAI-compatible endpoint, llm_client.h). Candidate i of RNG seed S depends only
+// on (S, i, seeds, mix); a run continues at the next index of its seed, so a killed run resumes
+// and two fresh workspaces with the same seed get the same candidates. Failed candidates are
+// stored in `compose_failures` with their reason.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "opforge/core/store.h"
+
+namespace opforge::composer {
+
+struct ComposeOptions {
+  int count = 100;
+  int max_ops = 5;
+  // bucket:percent list; buckets 1..5 (torch#K) and transformers (transformers#1). Ops-6K's mix.
+  std::string mix = "1:3.4,2:83.8,3:7.6,4:2.8,5:1.2,transformers:1.2";
+  std::string backend = "template";
+  std::uint64_t seed = 0;
+  double target_ms = 10;  // eager time the template sizes aim at (geometric middle of 1-100 ms)
+  int workers = 2;
+  int batch = 500;        // indices per worker request (a worker's shape cache lives across them)
+  // llm backend
+  std::string llm_url, llm_model, llm_key_env = "OPENAI_API_KEY";
+  int llm_concurrency = 8;
+  double llm_timeout_s = 120;
+};
+
+struct ComposeSummary {
+  long added = 0, failed = 0, duplicates = 0;
+  long prompt_tokens = 0, completion_tokens = 0, cached = 0;
+  std::map<std::string, long> by_bucket, failures;
+  double seconds = 0;
+};
+
+// Parses "1:3.4,2:83.8,...,transformers:1.2" into normalised probabilities, dropping buckets
+// above max_ops. Throws opforge::Error naming the bad part.
+std::vector<std::pair<std::string, double>> parse_mix(const std::string& spec, int max_ops);
+
+void migrate(Db& db);
+ComposeSummary compose(Workspace& ws, const ComposeOptions& opts);
+// The "candidates" section of `opforge status --json`.
+nlohmann::json status(Db& db);
+
+}  // namespace opforge::composer
