@@ -296,8 +296,8 @@ std::vector<LlmResponse> LlmClient::complete(const std::vector<LlmRequest>& requ
                      .dump();
     t->headers = curl_slist_append(t->headers, "Content-Type: application/json");
     t->headers = curl_slist_append(t->headers, "Accept: application/json");
-    // libcurl sends `Expect: 100-continue` for bodies over 1 KiB (every compose prompt) and then
-    // waits up to a second for a 100 that many inference servers never send.
+    // libcurl sends `Expect: 100-continue` for large bodies (over 1 KiB before 7.87, 1 MiB since)
+    // and then waits up to a second for a 100 that many inference servers never send.
     t->headers = curl_slist_append(t->headers, "Expect:");
     if (!key.empty()) t->headers = curl_slist_append(t->headers, ("Authorization: Bearer " + key).c_str());
     CURL* e = t->easy;

@@ -46,6 +46,7 @@ std::string chat_body(const std::string& content, long prompt_tokens = 11, long 
 struct Seen {
   json body;
   std::string authorization;
+  std::string expect;
 };
 
 // An OpenAI-compatible server on 127.0.0.1, free port, answering POST /v1/chat/completions with
@@ -70,7 +71,7 @@ class FakeLlm {
         std::lock_guard lock(mu_);
         std::string prompt = body.is_object() ? body["messages"].back().value("content", "") : "";
         nth = ++per_prompt_[prompt];
-        seen_.push_back({body, req.get_header_value("Authorization")});
+        seen_.push_back({body, req.get_header_value("Authorization"), req.get_header_value("Expect")});
       }
       script_(body, nth, res);
       --in_flight_;
@@ -189,6 +190,20 @@ TEST(LlmClient, SendsTheKeyFromTheNamedVariableAsBearer) {
   auto r = client.complete(requests(1));
   ASSERT_TRUE(r[0].ok) << r[0].reason << " " << r[0].detail;
   EXPECT_EQ(server.seen().at(0).authorization, "Bearer sk-test-good");
+}
+
+TEST(LlmClient, ALongPromptIsSentWithoutWaitingForA100Continue) {
+  FakeLlm server([](const json&, int, httplib::Response& res) { res.set_content(chat_body("ok"), "application/json"); });
+  LlmClient client(options(server.url()), nullptr);
+  // Over every libcurl's threshold for sending `Expect: 100-continue`.
+  std::vector<LlmRequest> reqs = {{std::string(1200000, 'x'), "", 0}};
+  auto r = client.complete(reqs);
+  ASSERT_TRUE(r[0].ok) << r[0].reason << " " << r[0].detail;
+  auto seen = server.seen();
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].expect, "");
+  EXPECT_EQ(prompt_of(seen[0].body).size(), 1200000u);
+  EXPECT_EQ(seen[0].body["messages"].size(), 1u) << "an empty system message is not sent";
 }
 
 TEST(LlmClient, RetriesA429HonouringRetryAfter) {
