@@ -66,6 +66,8 @@ namespace {
 
 json load_seeds(Db& db) {
   json seeds = json::array();
+  auto has = db.prepare("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'seeds'");
+  if (!has.step() || has.int64(0) == 0) return seeds;  // never crawled
   auto st = db.prepare(
       "SELECT id, name, source, category, spec, outputs, inputs, probe_ms, code FROM seeds "
       "WHERE status = 'runnable' AND source IN ('torch', 'transformers') ORDER BY name");
@@ -132,29 +134,46 @@ ComposeSummary compose_template(Workspace& ws, const ComposeOptions& opts,
   popts.log_file = ws.logs_dir() / "workers.log";
   WorkerPool pool(popts);
 
+  // Per-bucket quotas of this run (largest remainder), so the mix holds over the tasks actually
+  // added even where one bucket loses more candidates to duplicates than another.
+  std::map<std::string, long> quota, added_in;
+  {
+    long given = 0;
+    std::vector<std::pair<double, std::string>> rem;
+    for (auto& [b, p] : mix) {
+      double exact = p * opts.count;
+      quota[b] = static_cast<long>(exact);
+      given += quota[b];
+      rem.emplace_back(exact - quota[b], b);
+    }
+    std::sort(rem.begin(), rem.end(), [](auto& a, auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+    for (std::size_t i = 0; given < opts.count; ++i, ++given) quota[rem[i % rem.size()].second]++;
+  }
   long idx = next_index(db, "template", opts.seed);
   spdlog::info("composing {} template candidates (seed {}, starting at index {}) from {} seeds", opts.count,
                opts.seed, idx, seeds.size());
   Progress progress("compose", static_cast<std::size_t>(opts.count));
   int barren_rounds = 0;
   while (sum.added < opts.count) {
-    // One round: a contiguous block of indices, split across the workers.
-    long remaining = opts.count - sum.added;
-    long per = std::max<long>(1, std::min<long>(opts.batch, (remaining + opts.workers - 1) / opts.workers + 4));
+    // One round: `workers` fixed blocks of indices, one request each (see compose.py).
+    constexpr long kBlock = 64;
     std::vector<json> reqs;
+    long round_start = idx;
     for (int w = 0; w < opts.workers; ++w) {
-      json indices = json::array();
-      for (long i = 0; i < per; ++i) indices.push_back(idx++);
+      long block_start = (idx / kBlock) * kBlock;
       reqs.push_back({{"op", "compose_template"},
                       {"args",
                        {{"seeds", seeds},
                         {"sizes", sizes},
                         {"seed", opts.seed},
-                        {"indices", indices},
+                        {"block", {block_start, block_start + kBlock}},
+                        {"start", idx},
                         {"mix", mix_json},
                         {"target_ms", opts.target_ms},
                         {"seeds_key", seeds_key}}}});
+      idx = block_start + kBlock;
     }
+    (void)round_start;
     std::vector<json> records;
     pool.run(reqs, [&](WorkerResult&& r) {
       OPFORGE_CHECK(r.outcome == Outcome::ok, "a composer worker failed: {} {}\n{}", outcome_name(r.outcome),
@@ -171,6 +190,10 @@ ComposeSummary compose_template(Workspace& ws, const ComposeOptions& opts,
       if (sum.added >= opts.count) break;
       long i = rec["index"];
       std::string bucket = rec["bucket"];
+      if (added_in[bucket] >= quota[bucket]) {
+        record_failure(db, "template", opts.seed, i, bucket, "over_quota", "bucket already full in this run");
+        continue;
+      }
       if (!rec.value("ok", false)) {
         record_failure(db, "template", opts.seed, i, bucket, rec.value("reason", "unknown"), rec.value("message", ""));
         ++sum.failed;
@@ -199,11 +222,12 @@ ComposeSummary compose_template(Workspace& ws, const ComposeOptions& opts,
       }
       ++sum.added;
       ++sum.by_bucket[bucket];
+      ++added_in[bucket];
       progress.tick(1, fmt::format("{} failed, {} duplicates", sum.failed, sum.duplicates));
     }
     barren_rounds = sum.added == added_before ? barren_rounds + 1 : 0;
-    OPFORGE_CHECK(barren_rounds < 3,
-                  "the template composer produced no new candidate in 3 rounds (last failures: {}); the seeds may "
+    OPFORGE_CHECK(barren_rounds < 8,
+                  "the template composer produced no new candidate in 8 rounds (last failures: {}); the seeds may "
                   "be too few for --count {}",
                   json(sum.failures).dump(), opts.count);
   }

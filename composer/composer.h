@@ -26,7 +26,6 @@ struct ComposeOptions {
   std::uint64_t seed = 0;
   double target_ms = 10;  // eager time the template sizes aim at (geometric middle of 1-100 ms)
   int workers = 2;
-  int batch = 500;        // indices per worker request (a worker's shape cache lives across them)
   // llm backend
   std::string llm_url, llm_model, llm_key_env = "OPENAI_API_KEY";
   int llm_concurrency = 8;

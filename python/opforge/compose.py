@@ -22,6 +22,7 @@ EXCLUDED_CATEGORIES = {"dropout", "loss", "unclassified", "rnn", "transformer", 
 MAX_NUMEL = 1 << 22          # an op that blows a small probe tensor past this is not chained
 MAX_INPUT_NUMEL = 1 << 25    # size targeting never asks for more input elements than this
 GOLDEN = (math.sqrt(5) - 1) / 2
+ATTEMPTS = 12
 FLATTEN = {"name": "torch.flatten", "kind": "adapter", "forward": "torch.flatten(x, 1)", "init_lines": [],
            "init_params": [], "init_values": [], "inputs": []}
 
@@ -177,9 +178,12 @@ def _bucket(index, mix, offset):
 _COMPOSERS = {}
 
 
-def compose_template(seeds, sizes, seed, indices, mix, target_ms=10.0, seeds_key=None):
-    """Candidates for `indices`. mix: [[bucket, probability], ...], buckets "1".."5" or "transformers".
+def compose_template(seeds, sizes, seed, block, start, mix, target_ms=10.0, seeds_key=None):
+    """Candidates for indices start..block[1]-1 of the fixed block [block[0], block[1]).
 
+    mix: [[bucket, probability], ...], buckets "1".."5" or "transformers". Duplicates are retried
+    against what the block made before, so a block is generated from its first index even when
+    only its tail is asked for: candidate i never depends on how runs were cut into requests.
     A worker keeps the Composer of the last seeds_key, so its shape cache survives across requests."""
     comp = _COMPOSERS.get(seeds_key) if seeds_key else None
     if comp is None:
@@ -188,23 +192,36 @@ def compose_template(seeds, sizes, seed, indices, mix, target_ms=10.0, seeds_key
             _COMPOSERS.clear()
             _COMPOSERS[seeds_key] = comp
     offset = random.Random(f"mix:{seed}").random()
+    seen = set()  # per request, so the outcome never depends on which worker ran what before
     out = []
-    for index in indices:
-        rng = random.Random(f"{seed}:{index}")
+    for index in range(block[0], block[1]):
         bucket = _bucket(index, mix, offset)
         rec = {"index": index, "bucket": bucket}
-        try:
-            if bucket == "transformers":
-                rec.update(_transformers_candidate(comp, rng, target_ms))
-            else:
-                rec.update(_torch_candidate(comp, rng, int(bucket), target_ms))
-        except Exception as e:  # noqa: BLE001 - a failed candidate is data
-            rec.update(ok=False, reason="compose_error", message=f"{type(e).__name__}: {e}")
-        out.append(rec)
+        # A candidate equal to one already made here is retried with another draw (and, for the
+        # one-op buckets where the pool is small, other sizes), so the mix is met with new tasks.
+        for attempt in range(ATTEMPTS):
+            rng = random.Random(f"{seed}:{index}" if attempt == 0 else f"{seed}:{index}:{attempt}")
+            vary = attempt > 0 and rng.choice([1, 2, 4, 8])
+            try:
+                if bucket == "transformers":
+                    res = _transformers_candidate(comp, rng, target_ms, vary)
+                else:
+                    res = _torch_candidate(comp, rng, int(bucket), target_ms, vary)
+            except Exception as e:  # noqa: BLE001 - a failed candidate is data
+                res = {"ok": False, "reason": "compose_error", "message": f"{type(e).__name__}: {e}"}
+            if res["ok"] and res["normalized"] in seen:
+                res = {"ok": False, "reason": "duplicate", "message": f"{ATTEMPTS} draws gave known code"}
+                continue
+            break
+        rec.update(res)
+        if res["ok"]:
+            seen.add(res["normalized"])
+        if index >= start:
+            out.append(rec)
     return out
 
 
-def _torch_candidate(comp, rng, k, target_ms):
+def _torch_candidate(comp, rng, k, target_ms, vary=0):
     if not comp.torch_ops:
         return {"ok": False, "reason": "no_torch_seeds", "message": "no runnable single-input torch seeds: run crawl"}
     ops, why = comp.chain(rng, k)
@@ -215,6 +232,8 @@ def _torch_candidate(comp, rng, k, target_ms):
     numel = math.prod(comp.input_shape(real[0]["spec"]))
     base = comp.sizes.get("batch_size", 8)
     batch = comp.target_batch(est, numel, target_ms, base)
+    if vary:
+        batch = max(1, batch * vary // 2)
     code = comp.render_chain(ops, batch)
     return {"ok": True, "code": code, "normalized": normalize_code(code), "source": "torch", "num_ops": len(real),
             "ops": [o["name"] if o is FLATTEN else o["spec"]["name"] for o in ops],
@@ -222,7 +241,7 @@ def _torch_candidate(comp, rng, k, target_ms):
             "free_sizes": ["batch_size"], "estimated_ms": est * batch / base, "batch_size": batch}
 
 
-def _transformers_candidate(comp, rng, target_ms):
+def _transformers_candidate(comp, rng, target_ms, vary=0):
     if not comp.transformers:
         return {"ok": False, "reason": "no_transformers_seeds", "message": "no runnable transformers seeds"}
     s = rng.choice(comp.transformers)
@@ -235,7 +254,7 @@ def _transformers_candidate(comp, rng, target_ms):
     batch = int(m.group(1)) if m else 1
     est = float(s.get("probe_ms") or 0.0) * seq_mult
     if m:
-        batch = comp.target_batch(est, 1, target_ms, batch)
+        batch = comp.target_batch(est, 1, target_ms, batch) * (vary or 1)
         code = code.replace(m.group(0), f"batch_size = {batch}", 1)
     return {"ok": True, "code": code, "normalized": normalize_code(code), "source": "transformers", "num_ops": 1,
             "ops": [s["name"]], "seed_ids": [s["id"]], "free_sizes": ["batch_size", "seq_len"],

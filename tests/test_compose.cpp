@@ -1,0 +1,132 @@
+// `opforge compose --backend template` end to end, through the real binary.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "composer.h"
+#include "opforge/core/error.h"
+#include "opforge/core/store.h"
+#include "test_support.h"
+
+using namespace opforge;
+using nlohmann::json;
+
+namespace {
+
+// A small crawl: enough ops of each layout to chain, and two transformers modules.
+const char* kMatch =
+    "^(torch\\.nn\\.(ReLU|GELU|Tanh|Sigmoid|Conv2d|BatchNorm2d|LayerNorm|Linear|MaxPool2d|Softmax|Hardswish)|"
+    "torch\\.(abs|exp|neg|cumsum|sigmoid|tanh|relu|mean|amax|flip)|"
+    "transformers\\.models\\.(llama|mistral)\\.modeling_(llama|mistral)\\.(Llama|Mistral)(MLP|RMSNorm))$";
+
+class Compose : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir();
+    auto r = test::run_opforge({"crawl", "--workspace", (*dir_ / "seeded").string(), "--match", kMatch});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  // A fresh workspace holding the crawled seeds.
+  std::filesystem::path fresh(const std::string& name) {
+    auto ws = *dir_ / name;
+    std::filesystem::create_directories(ws);
+    std::filesystem::copy_file(*dir_ / "seeded" / "opforge.db", ws / "opforge.db");
+    return ws;
+  }
+  static std::vector<std::pair<std::string, std::string>> tasks(const std::filesystem::path& ws) {
+    Db db(ws / "opforge.db");
+    std::vector<std::pair<std::string, std::string>> out;
+    auto st = db.prepare("SELECT id, code FROM tasks ORDER BY json_extract(provenance, '$.index')");
+    while (st.step()) out.emplace_back(st.text(0), st.text(1));
+    return out;
+  }
+  static test::TempDir* dir_;
+};
+test::TempDir* Compose::dir_ = nullptr;
+
+}  // namespace
+
+TEST_F(Compose, SameSeedSameCandidatesAndOpCountsFollowTheMix) {
+  auto a = fresh("a"), b = fresh("b");
+  for (auto& ws : {a, b}) {
+    auto r = test::run_opforge({"compose", "--workspace", ws.string(), "--count", "200", "--seed", "7", "-j", "1",
+                                "--mix", "1:10,2:60,3:25,transformers:5"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  auto ta = tasks(a);
+  ASSERT_EQ(ta.size(), 200u);
+  EXPECT_EQ(ta, tasks(b));
+  std::set<std::string> ids;
+  for (auto& [id, code] : ta) ids.insert(id);
+  EXPECT_EQ(ids.size(), 200u) << "no two candidates share normalised code";
+
+  Db db(a / "opforge.db");
+  std::map<std::string, int> buckets;
+  auto st = db.prepare("SELECT json_extract(provenance, '$.bucket'), num_ops, source FROM tasks");
+  while (st.step()) {
+    buckets[st.text(0)]++;
+    if (st.text(0) != "transformers") EXPECT_EQ(std::to_string(st.int64(1)), st.text(0));
+    else EXPECT_EQ(st.text(2), "transformers");
+  }
+  EXPECT_NEAR(buckets["1"], 20, 4);
+  EXPECT_NEAR(buckets["2"], 120, 4);
+  EXPECT_NEAR(buckets["3"], 50, 4);
+  EXPECT_NEAR(buckets["transformers"], 10, 4);
+  EXPECT_EQ(buckets.count("4") + buckets.count("5"), 0u);
+
+  json js = json::parse(test::run_opforge({"status", "--workspace", a.string(), "--json"}).out);
+  EXPECT_EQ(js["candidates"]["total"], 200);
+  EXPECT_EQ(js["candidates"]["by_backend"]["template"], 200);
+}
+
+TEST_F(Compose, CandidatesAreReadableKernelBenchCodeThatRuns) {
+  auto ws = fresh("runs");
+  ASSERT_EQ(test::run_opforge({"compose", "--workspace", ws.string(), "--count", "12", "--seed", "3"}).exit_code, 0);
+  auto ts = tasks(ws);
+  ASSERT_EQ(ts.size(), 12u);
+  // Probe each candidate as a seed file: it must build and run in eager on the CPU.
+  test::TempDir files;
+  for (auto& [id, code] : ts) {
+    for (auto* needle : {"class Model(nn.Module)", "def forward(self, x):", "def get_inputs():", "def get_init_inputs():",
+                         "batch_size = "})
+      EXPECT_NE(code.find(needle), std::string::npos) << needle << "\n" << code;
+    test::write_file(files / (id + ".py"), code);
+  }
+  auto r = test::run_opforge({"crawl", "--workspace", (files / "probe").string(), "--sources", "none", "--add",
+                              files.path().string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  Db db(files / "probe" / "opforge.db");
+  auto st = db.prepare("SELECT count(*) FROM seeds WHERE status = 'runnable'");
+  ASSERT_TRUE(st.step());
+  EXPECT_EQ(st.int64(0), 12);
+}
+
+TEST_F(Compose, ARerunAddsNewCandidatesAndTheSequenceIsReproducible) {
+  auto a = fresh("seq_a"), b = fresh("seq_b");
+  for (auto& ws : {a, b}) {
+    ASSERT_EQ(test::run_opforge({"compose", "--workspace", ws.string(), "--count", "30", "--seed", "1"}).exit_code, 0);
+    ASSERT_EQ(tasks(ws).size(), 30u);
+    ASSERT_EQ(test::run_opforge({"compose", "--workspace", ws.string(), "--count", "30", "--seed", "1"}).exit_code, 0);
+  }
+  auto ta = tasks(a);
+  EXPECT_EQ(ta.size(), 60u) << "the second run continues after the first instead of repeating it";
+  EXPECT_EQ(ta, tasks(b));
+}
+
+TEST_F(Compose, BadOptionsAreClearErrors) {
+  auto ws = fresh("bad");
+  auto r = test::run_opforge({"compose", "--workspace", ws.string(), "--mix", "2:50,7:50"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("bad --mix bucket '7'"), std::string::npos) << r.err;
+  r = test::run_opforge({"compose", "--workspace", (*dir_ / "empty").string(), "--count", "5"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("run `opforge crawl"), std::string::npos) << r.err;
+  EXPECT_THROW(composer::parse_mix("2:abc", 5), Error);
+  auto mix = composer::parse_mix("1:50,2:25,5:25", 2);
+  ASSERT_EQ(mix.size(), 2u);
+  EXPECT_DOUBLE_EQ(mix[0].second, 50.0 / 75.0);
+}
