@@ -13,6 +13,11 @@
 #include "opforge/core/progress.h"
 #include "opforge/core/tasks.h"
 #include "opforge/core/worker_pool.h"
+#include "code_extract.h"
+#include "llm_client.h"
+#include "prompt.h"
+
+#include <random>
 
 namespace opforge::composer {
 
@@ -235,6 +240,135 @@ ComposeSummary compose_template(Workspace& ws, const ComposeOptions& opts,
   return sum;
 }
 
+// The llm backend: one prompt per index, built from 1-5 sampled torch seeds; answers are cached
+// in the workspace, so a resumed or repeated run spends no tokens twice.
+ComposeSummary compose_llm(Workspace& ws, const ComposeOptions& opts,
+                           std::vector<std::pair<std::string, double>> mix) {
+  Db& db = ws.db();
+  ComposeSummary sum;
+  // transformers enter only as single-module tasks (template); the LLM fuses torch ops.
+  std::erase_if(mix, [](auto& b) { return b.first == "transformers"; });
+  OPFORGE_CHECK(!mix.empty(), "the llm backend composes torch ops: --mix has no bucket 1-5");
+  double total = 0;
+  for (auto& [b, p] : mix) total += p;
+  std::vector<PromptSeed> pool;
+  std::vector<std::string> pool_ids;
+  {
+    json seeds = load_seeds(db);
+    for (auto& s : seeds)
+      if (s["source"] == "torch") {
+        pool.push_back({s["name"], s["code"]});
+        pool_ids.push_back(s["id"]);
+      }
+  }
+  OPFORGE_CHECK(!pool.empty(), "no runnable torch seeds in {}: run `opforge crawl --workspace {}` first",
+                ws.root().string(), ws.root().string());
+
+  LlmOptions lo;
+  lo.url = opts.llm_url;
+  lo.model = opts.llm_model;
+  lo.key_env = opts.llm_key_env;
+  lo.concurrency = opts.llm_concurrency;
+  lo.timeout_s = opts.llm_timeout_s;
+  LlmClient client(lo, &db);
+
+  long first = next_index(db, "llm", opts.seed);
+  struct Job {
+    long index;
+    std::string bucket;
+    std::vector<std::size_t> seeds;
+    ComposePrompt prompt;
+  };
+  std::vector<Job> jobs;
+  std::vector<LlmRequest> reqs;
+  for (long i = first; i < first + opts.count; ++i) {
+    std::mt19937_64 rng(opts.seed * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(i));
+    double u = std::uniform_real_distribution<double>(0, total)(rng), acc = 0;
+    std::string bucket = mix.back().first;
+    for (auto& [b, p] : mix)
+      if ((acc += p) > u) {
+        bucket = b;
+        break;
+      }
+    Job job{i, bucket, {}, {}};
+    std::vector<PromptSeed> picked;
+    for (int k = 0; k < std::stoi(bucket); ++k) {
+      job.seeds.push_back(std::uniform_int_distribution<std::size_t>(0, pool.size() - 1)(rng));
+      picked.push_back(pool[job.seeds.back()]);
+    }
+    job.prompt = build_compose_prompt(picked);
+    reqs.push_back({job.prompt.prompt, job.prompt.system, static_cast<int>(i)});
+    jobs.push_back(std::move(job));
+  }
+  spdlog::info("asking {} ({}) for {} candidates, {} in flight", opts.llm_model, opts.llm_url, reqs.size(),
+               opts.llm_concurrency);
+
+  // Answers are checked and normalised in a worker (ast, the one normal form of the project).
+  WorkerPoolOptions popts;
+  popts.workers = 1;
+  popts.log_file = ws.logs_dir() / "workers.log";
+  WorkerPool pool_w(popts);
+  Progress progress("llm", reqs.size());
+  std::vector<LlmResponse> answers(reqs.size());
+  client.complete(reqs, [&](std::size_t k, const LlmResponse& r) {
+    answers[k] = r;
+    sum.prompt_tokens += r.prompt_tokens;
+    sum.completion_tokens += r.completion_tokens;
+    sum.cached += r.from_cache;
+    progress.tick(1, fmt::format("{} prompt + {} completion tokens", sum.prompt_tokens, sum.completion_tokens));
+  });
+  progress.finish();
+
+  // Commit in index order: deterministic given the same answers.
+  for (std::size_t k = 0; k < jobs.size(); ++k) {
+    const Job& job = jobs[k];
+    const LlmResponse& r = answers[k];
+    auto fail = [&](const std::string& reason, const std::string& detail) {
+      record_failure(db, "llm", opts.seed, job.index, job.bucket, reason, detail);
+      ++sum.failed;
+      ++sum.failures[reason];
+    };
+    if (!r.ok) {
+      fail(r.reason, r.detail);
+      continue;
+    }
+    ExtractedCode code = extract_model_code(r.content);
+    if (!code.ok) {
+      fail(code.reason, r.content.substr(0, 2000));
+      continue;
+    }
+    WorkerResult nr = pool_w.call({{"op", "normalize"}, {"args", {{"codes", {code.code}}}}});
+    OPFORGE_CHECK(nr.outcome == Outcome::ok && nr.reply.value("ok", false), "normalising an answer failed: {}",
+                  nr.reason);
+    tasks::NewTask t;
+    t.id = xxh3_hex(nr.reply["result"][0].get<std::string>());
+    t.code = code.code;
+    t.source = "torch";
+    t.backend = "llm";
+    t.num_ops = std::stoi(job.bucket);
+    json names = json::array(), ids = json::array();
+    for (auto s : job.seeds) {
+      names.push_back(pool[s].name);
+      ids.push_back(pool_ids[s]);
+    }
+    t.ops = names;
+    t.seed_ids = ids;
+    t.provenance = {{"backend", "llm"},          {"rng_seed", opts.seed},          {"index", job.index},
+                    {"bucket", job.bucket},      {"model", opts.llm_model},        {"prompt_hash", job.prompt.hash},
+                    {"prompt_tokens", r.prompt_tokens}, {"completion_tokens", r.completion_tokens},
+                    {"finish_reason", r.finish_reason}, {"seed_names", names}};
+    bool added = false;
+    db.transaction([&] { added = tasks::insert(db, t); });
+    if (!added) {
+      fail("duplicate", "same normalised code as task " + t.id);
+      continue;
+    }
+    ++sum.added;
+    ++sum.by_bucket[job.bucket];
+  }
+  return sum;
+}
+
 }  // namespace
 
 ComposeSummary compose(Workspace& ws, const ComposeOptions& opts) {
@@ -245,6 +379,10 @@ ComposeSummary compose(Workspace& ws, const ComposeOptions& opts) {
   ComposeSummary sum;
   if (opts.backend == "template") {
     sum = compose_template(ws, opts, mix);
+  } else if (opts.backend == "llm") {
+    OPFORGE_CHECK(!opts.llm_url.empty() && !opts.llm_model.empty(),
+                  "--backend llm needs --llm-url (an OpenAI-compatible endpoint) and --llm-model");
+    sum = compose_llm(ws, opts, mix);
   } else {
     throw Error(fmt::format("unknown --backend '{}': use template or llm", opts.backend));
   }
