@@ -5,6 +5,7 @@
 #include "commands.h"
 #include "composer.h"
 #include "crawler.h"
+#include "filter.h"
 #include "opforge/core/error.h"
 #include "opforge/core/store.h"
 
@@ -33,6 +34,10 @@ void print_table(const nlohmann::json& st) {
   for (auto& [b, reasons] : cands["failures"].items())
     for (auto& [r, n] : reasons.items())
       std::cout << fmt::format("  failed ({}) {:<22} {:>7}\n", b, r, n.get<long>());
+  const auto& fl = st["filter"];
+  std::cout << fmt::format("\nfilter: {} judged, {} accepted, {} rejected, {} pending\n", fl["judged"].get<long>(),
+                           fl["accepted"].get<long>(), fl["rejected"].get<long>(), fl["pending"].get<long>());
+  for (auto& [r, n] : fl["reasons"].items()) std::cout << fmt::format("  rejected {:<22} {:>7}\n", r, n.get<long>());
   if (!seeds["top_skip_reasons"].empty()) {
     std::cout << "\n  top skip reasons\n";
     for (auto& r : seeds["top_skip_reasons"])
@@ -57,7 +62,8 @@ void add_status(CLI::App& app, Runner& run) {
       Workspace ws(*workspace);
       nlohmann::json st = {{"workspace", std::filesystem::absolute(*workspace).string()},
                            {"seeds", crawler::status(ws.db())},
-                           {"candidates", composer::status(ws.db())}};
+                           {"candidates", composer::status(ws.db())},
+                           {"filter", filter::status(ws.db())}};
       if (*as_json)
         std::cout << st.dump() << "\n";
       else

@@ -14,6 +14,9 @@ using Runner = std::function<int()>;
 void add_crawl(CLI::App& app, Runner& run);
 void add_compose(CLI::App& app, Runner& run);
 void add_status(CLI::App& app, Runner& run);
+void add_filter(CLI::App& app, Runner& run);
+void add_import(CLI::App& app, Runner& run);
+void add_tasks(CLI::App& app, Runner& run);
 void add_worker(CLI::App& app, Runner& run);
 
 // Shared option helpers.

@@ -42,6 +42,9 @@ int main(int argc, char** argv) {
   opforge::cli::Runner run;
   opforge::cli::add_crawl(app, run);
   opforge::cli::add_compose(app, run);
+  opforge::cli::add_import(app, run);
+  opforge::cli::add_filter(app, run);
+  opforge::cli::add_tasks(app, run);
   opforge::cli::add_status(app, run);
   opforge::cli::add_worker(app, run);
   try {

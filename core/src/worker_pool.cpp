@@ -133,6 +133,12 @@ void WorkerPool::spawn(int slot) {
   if (!opts_.slot_env.empty())
     for (auto& [k, v] : opts_.slot_env[slot % opts_.slot_env.size()]) env[k] = v;
   env["PYTHONUNBUFFERED"] = "1";
+  // Workers share the cores: oversubscribed OpenMP pools spin and turn microsecond ops into
+  // scheduler-tick milliseconds, which would poison every CPU timing.
+  if (!env.count("OMP_NUM_THREADS")) {
+    unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    env["OMP_NUM_THREADS"] = std::to_string(std::max(1u, hw / static_cast<unsigned>(workers_.size())));
+  }
   std::vector<std::string> env_strings;
   for (auto& [k, v] : env) env_strings.push_back(k + "=" + v);
   std::vector<char*> argv, envp;

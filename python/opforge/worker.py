@@ -21,6 +21,7 @@ HANDLERS = {
     "enumerate": "opforge.crawl:enumerate_ops",
     "normalize": "opforge.normalize:normalize_request",
     "compose_template": "opforge.compose:compose_template",
+    "judge": "opforge.filter:judge",
 }
 
 

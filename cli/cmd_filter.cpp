@@ -1,0 +1,108 @@
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <iostream>
+
+#include "commands.h"
+#include "filter.h"
+#include "opforge/core/store.h"
+
+namespace opforge::cli {
+
+void add_filter(CLI::App& app, Runner& run) {
+  auto* cmd = app.add_subcommand(
+      "filter",
+      "Judge every candidate without a verdict: it must run in eager and under torch.compile and agree, be "
+      "deterministic, depend on its input, not be constant or non-finite, and take min-ms..max-ms in eager "
+      "(scalable sizes are calibrated into the window). Resumable: a killed run continues with the rest.");
+  struct Opts {
+    std::string workspace = "workspace";
+    filter::FilterOptions f;
+    bool no_calibrate = false;
+  };
+  auto o = std::make_shared<Opts>();
+  add_workspace_option(*cmd, o->workspace);
+  cmd->add_option("--device", o->f.device, "auto, cpu or cuda (auto: cuda when a GPU is visible)")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("-j,--workers", o->f.workers, "Worker processes (default: --workers-per-gpu per GPU, 2 on CPU)");
+  cmd->add_option("--workers-per-gpu", o->f.workers_per_gpu, "Workers per GPU when --workers is not given")
+      ->capture_default_str();
+  cmd->add_option("--min-ms", o->f.min_ms, "Shortest accepted eager time")->capture_default_str();
+  cmd->add_option("--max-ms", o->f.max_ms, "Longest accepted eager time")->capture_default_str();
+  cmd->add_option("--timeout-s", o->f.timeout_s, "Per-task limit (compile included); a task past it is killed")
+      ->capture_default_str();
+  cmd->add_flag("--no-calibrate", o->no_calibrate, "Do not rescale too fast or too slow tasks into the window");
+  cmd->add_option("--rtol", o->f.rtol, "Relative tolerance of compiled vs eager")->capture_default_str();
+  cmd->add_option("--atol", o->f.atol, "Absolute tolerance of compiled vs eager")->capture_default_str();
+  cmd->add_option("--trials", o->f.trials, "Timed runs per measurement (median)")->capture_default_str();
+  cmd->add_option("--memory-limit-mb", o->f.memory_limit_mb, "Resident memory limit per worker (default: 60% of RAM "
+                                                             "shared by the workers)");
+  cmd->add_option("--limit", o->f.limit, "Judge at most N candidates this run (0: all)")->capture_default_str();
+  cmd->callback([&run, o] {
+    run = [o] {
+      o->f.calibrate = !o->no_calibrate;
+      if (o->f.memory_limit_mb == 0) o->f.memory_limit_mb = default_memory_limit_mb(std::max(2, o->f.workers));
+      Workspace ws(o->workspace);
+      auto s = filter::filter(ws, o->f);
+      spdlog::info("filter done in {:.1f}s: {} judged, {} accepted, {} rejected", s.seconds, s.judged, s.accepted,
+                   s.rejected);
+      for (auto& [r, n] : s.reasons) spdlog::info("  rejected {:<20} {:>6}", r, n);
+      return 0;
+    };
+  });
+}
+
+void add_import(CLI::App& app, Runner& run) {
+  auto* cmd = app.add_subcommand("import", "Add KernelBench-format .py files (or folders of them) as candidates, with "
+                                           "their path in provenance, so `opforge filter` judges them");
+  auto workspace = std::make_shared<std::string>("workspace");
+  auto paths = std::make_shared<std::vector<std::string>>();
+  add_workspace_option(*cmd, *workspace);
+  cmd->add_option("paths", *paths, "Files or folders")->required();
+  cmd->callback([&run, workspace, paths] {
+    run = [workspace, paths] {
+      Workspace ws(*workspace);
+      std::vector<std::filesystem::path> ps(paths->begin(), paths->end());
+      auto s = filter::import_tasks(ws, ps);
+      spdlog::info("imported {} candidates ({} already present)", s.added, s.duplicates);
+      return 0;
+    };
+  });
+}
+
+void add_tasks(CLI::App& app, Runner& run) {
+  auto* cmd = app.add_subcommand("tasks", "List candidates with id, origin, verdict, reason and key metrics");
+  auto workspace = std::make_shared<std::string>("workspace");
+  auto verdict = std::make_shared<std::string>();
+  auto as_json = std::make_shared<bool>(false);
+  add_workspace_option(*cmd, *workspace);
+  cmd->add_option("--verdict", *verdict, "Only accepted, rejected or pending")
+      ->check(CLI::IsMember({"accepted", "rejected", "pending"}));
+  cmd->add_flag("--json", *as_json, "One JSON object per line");
+  cmd->callback([&run, workspace, verdict, as_json] {
+    run = [workspace, verdict, as_json] {
+      Workspace ws(*workspace);
+      auto rows = filter::list_tasks(ws.db(), *verdict);
+      if (*as_json) {
+        for (auto& r : rows) std::cout << r.dump() << "\n";
+        return 0;
+      }
+      std::cout << fmt::format("{:<16} {:<9} {:<12} {:>4} {:<9} {:<20} {:>9} {:>9}\n", "id", "backend", "source", "ops",
+                               "verdict", "reason", "eager_ms", "comp_ms");
+      for (auto& r : rows) {
+        auto num = [&](const char* k) {
+          return r["metrics"].contains(k) && r["metrics"][k].is_number() ? fmt::format("{:.3f}", r["metrics"][k].get<double>())
+                                                                          : std::string("-");
+        };
+        std::cout << fmt::format("{:<16} {:<9} {:<12} {:>4} {:<9} {:<20} {:>9} {:>9}\n", r["id"].get<std::string>(),
+                                 r["backend"].get<std::string>(), r["source"].get<std::string>(), r["num_ops"].get<long>(),
+                                 r["verdict"].get<std::string>(), r["reason"].is_null() ? "" : r["reason"].get<std::string>(),
+                                 num("eager_ms"), num("compile_ms"));
+      }
+      return 0;
+    };
+  });
+}
+
+}  // namespace opforge::cli

@@ -1,0 +1,53 @@
+// opforge filter: execute every candidate task in the worker pool and keep what passes.
+//
+// Owns the `filter_results` table (one row per judged task). Checks and reasons:
+// python/opforge/filter.py and docs/reasons.md. Each verdict is committed on its own, so a killed
+// run resumes with the tasks that have none. Also owns `opforge import` (KernelBench files made
+// elsewhere become candidates) and the per-task listing of `opforge tasks`.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "opforge/core/store.h"
+
+namespace opforge::filter {
+
+struct FilterOptions {
+  std::string device = "auto";  // auto | cpu | cuda
+  int workers = 0;              // 0: one per GPU x workers_per_gpu, or 2 on CPU
+  int workers_per_gpu = 2;
+  double min_ms = 1, max_ms = 100;
+  double timeout_s = 600;
+  bool calibrate = true;
+  double rtol = 1e-2, atol = 1e-2;
+  int trials = 20;
+  std::size_t memory_limit_mb = 0;
+  int limit = 0;                // judge at most N tasks (0: all)
+};
+
+struct FilterSummary {
+  long judged = 0, accepted = 0, rejected = 0;
+  std::map<std::string, long> reasons;
+  double seconds = 0;
+};
+
+void migrate(Db& db);
+FilterSummary filter(Workspace& ws, const FilterOptions& opts);
+
+struct ImportSummary {
+  long added = 0, duplicates = 0;
+};
+// Adds every .py file under paths (files or folders, recursive) as a candidate with backend
+// "import" and the path in provenance. Throws opforge::Error for a path that does not exist.
+ImportSummary import_tasks(Workspace& ws, const std::vector<std::filesystem::path>& paths);
+
+// Every candidate with its origin, verdict, reason and key metrics; verdict filter: "", accepted,
+// rejected, pending.
+std::vector<nlohmann::json> list_tasks(Db& db, const std::string& verdict);
+// The "filter" section of `opforge status --json`.
+nlohmann::json status(Db& db);
+
+}  // namespace opforge::filter

@@ -1,0 +1,168 @@
+"""Judge one candidate task (request "judge"): the Ops-6K filter, made precise.
+
+Checks, in order (the first failure is the verdict): it loads and runs in eager; its output is
+finite; two runs with the same weights and inputs but a moved RNG agree (no randomness); the
+output is not constant; two different input sets give different outputs; eager time lies in
+[min_ms, max_ms] (a task with a scalable size is rescaled into the window first: calibration);
+torch.compile runs and agrees with eager. Every metric measured on the way is returned.
+Reasons are a fixed set, documented in docs/reasons.md.
+"""
+import math
+import os
+import re
+import time
+
+import torch
+
+from opforge import task as T
+from opforge import timing
+from opforge.tracing import OpTracer
+
+MAX_CALIBRATION_STEPS = 4
+
+
+class Reject(Exception):
+    def __init__(self, reason, detail):
+        super().__init__(detail)
+        self.reason = reason
+
+
+def _run(model, inputs):
+    with torch.no_grad():
+        return model(*[x.clone() if isinstance(x, torch.Tensor) else x for x in inputs])
+
+
+def _leaves(out):
+    try:
+        return T.flatten_outputs(out)
+    except T.TaskError as e:
+        raise Reject("no_tensor_output", str(e)) from None
+
+
+def _same(a, b, rtol, atol):
+    return len(a) == len(b) and all(
+        x.shape == y.shape and torch.allclose(x.double(), y.double(), rtol=rtol, atol=atol, equal_nan=False)
+        for x, y in zip(a, b))
+
+
+def _max_diff(a, b):
+    return max(((x.double() - y.double()).abs().max().item() if x.numel() else 0.0) for x, y in zip(a, b))
+
+
+def _guard(reason, fn):
+    try:
+        return fn()
+    except Reject:
+        raise
+    except torch.cuda.OutOfMemoryError as e:
+        raise Reject("out_of_memory", f"CUDA out of memory: {str(e)[:300]}") from None
+    except Exception as e:  # noqa: BLE001
+        raise Reject(reason, f"{type(e).__name__}: {str(e)[:1500]}") from None
+
+
+def eager_checks(code, device, rtol, atol):
+    """Load, run and check everything but timing and compile. Returns (module, model, inputs, out)."""
+    try:
+        mod = T.load_module(code)
+    except T.TaskError as e:
+        raise Reject("eager_error" if e.reason == "load_error" else e.reason, str(e)) from None
+    try:
+        model = T.build(mod, device)
+        inputs_a = T.make_inputs(mod, device, seed=1)
+        inputs_b = T.make_inputs(mod, device, seed=2)
+    except T.TaskError as e:
+        raise Reject("eager_error" if e.reason != "import_error" else "import_error", str(e)) from None
+    tracer = OpTracer(model)
+
+    def first():
+        with tracer:
+            return _run(model, inputs_a)
+
+    out_a = _leaves(_guard("eager_error", first))
+    for t in out_a:
+        if t.is_floating_point() or t.is_complex():
+            if not torch.isfinite(t).all():
+                raise Reject("non_finite", f"output of shape {list(t.shape)} holds NaN or Inf")
+    # Same weights, same inputs, RNG moved: a stochastic op (dropout in training mode, torch.rand*)
+    # gives a different answer.
+    torch.manual_seed(987654321)
+    out_a2 = _leaves(_guard("eager_error", lambda: _run(model, inputs_a)))
+    if not _same(out_a, out_a2, rtol=1e-5, atol=1e-6):
+        raise Reject("nondeterministic", f"two runs on the same inputs differ by up to {_max_diff(out_a, out_a2):.3g}")
+    for t in out_a:
+        if t.numel() > 1:
+            f = t.double() if not t.is_complex() else t.abs().double()
+            rng = (f.max() - f.min()).item()
+            if rng < 1e-6 or f.std().item() < 1e-7:
+                raise Reject("constant_output", f"output of shape {list(t.shape)} is constant (range {rng:.3g})")
+    out_b = _leaves(_guard("eager_error", lambda: _run(model, inputs_b)))
+    if _same(out_a, out_b, rtol=1e-4, atol=1e-5):
+        raise Reject("input_insensitive", "two different input sets give the same output")
+    return mod, model, inputs_a, out_a, tracer.ops
+
+
+def _scale_code(code, free_sizes, factor):
+    """Multiplies the first free module-level size by factor; returns (code, old, new) or None."""
+    for name in free_sizes:
+        m = re.search(rf"^{re.escape(name)} = (\d+)\s*$", code, re.M)
+        if not m:
+            continue
+        old = int(m.group(1))
+        new = max(1, int(round(old * factor)))
+        if new == old:
+            return None
+        return code[:m.start()] + f"{name} = {new}" + code[m.end():], name, old, new
+    return None
+
+
+def judge(code, device="cpu", min_ms=1.0, max_ms=100.0, calibrate=True, free_sizes=("batch_size",),
+          rtol=1e-2, atol=1e-2, timing_lock=None, trials=20, compile_mode=None):
+    device = T.resolve_device(device)
+    # The supervisor names the lock of this worker's GPU (or of the CPU) in the environment.
+    timing_lock = timing_lock or os.environ.get("OPFORGE_TIMING_LOCK")
+    metrics = {"device": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
+               "torch": torch.__version__}
+    calibration = []
+    original = code
+    try:
+        for step in range(MAX_CALIBRATION_STEPS + 1):
+            mod, model, inputs, out, ops = eager_checks(code, device, rtol, atol)
+            eager = _guard("eager_error", lambda: timing.time_fn(lambda: _run(model, inputs), device, trials=trials,
+                                                                 lock_path=timing_lock))
+            med = eager["median_ms"]
+            if min_ms <= med <= max_ms:
+                break
+            target = math.sqrt(min_ms * max_ms)
+            scaled = _scale_code(code, free_sizes, target / med) if calibrate and step < MAX_CALIBRATION_STEPS else None
+            if scaled is None:
+                metrics.update(eager_ms=med, eager=eager)
+                raise Reject("too_fast" if med < min_ms else "too_slow",
+                             f"eager {med:.4g} ms outside [{min_ms}, {max_ms}] ms"
+                             + (" and no free size to rescale" if calibrate and not calibration else ""))
+            code, name, old, new = scaled
+            calibration.append({"size": name, "from": old, "to": new, "eager_ms": med})
+        metrics.update(eager_ms=eager["median_ms"], eager=eager)
+        if device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats(device)
+        t0 = time.perf_counter()
+        compiled = _guard("compile_error", lambda: torch.compile(model, mode=compile_mode))
+        out_c = _leaves(_guard("compile_error", lambda: _run(compiled, inputs)))
+        metrics["compile_wall_s"] = time.perf_counter() - t0
+        if not _same(out, out_c, rtol=rtol, atol=atol):
+            raise Reject("compile_mismatch", f"compiled output differs from eager by up to {_max_diff(out, out_c):.3g}")
+        comp = _guard("compile_error", lambda: timing.time_fn(lambda: _run(compiled, inputs), device, trials=trials,
+                                                              lock_path=timing_lock))
+        metrics.update(compile_ms=comp["median_ms"], compiled=comp,
+                       compile_speedup=eager["median_ms"] / comp["median_ms"] if comp["median_ms"] > 0 else None)
+        if device.startswith("cuda"):
+            metrics["peak_mem_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+        return {"verdict": "accepted", "reason": None, "detail": "", "metrics": metrics, "ops": ops,
+                "code": code, "original_code": original if calibration else None, "calibration": calibration}
+    except Reject as r:
+        return {"verdict": "rejected", "reason": r.reason, "detail": str(r)[:2000], "metrics": metrics,
+                "ops": None, "code": code, "original_code": original if calibration else None,
+                "calibration": calibration}
+    finally:
+        torch._dynamo.reset()
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()

@@ -1,0 +1,74 @@
+"""The one timing protocol of opforge (filter and evaluator): warm-up, synchronisation, median of
+repeated trials; on CUDA, CUDA events, an L2 flush between trials and an exclusive per-GPU lock
+held only while timing, so workers compile in parallel but never time on top of each other."""
+import contextlib
+import fcntl
+import os
+import statistics
+import time
+
+import torch
+
+_L2_FLUSH = {}
+
+
+@contextlib.contextmanager
+def exclusive(lock_path):
+    """Holds an advisory lock on lock_path (one timer per device across processes)."""
+    if not lock_path:
+        yield
+        return
+    os.makedirs(os.path.dirname(lock_path) or ".", exist_ok=True)
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _flush_l2(device):
+    buf = _L2_FLUSH.get(device)
+    if buf is None:
+        # Larger than any current L2 (H100/H200: 50-60 MB).
+        buf = _L2_FLUSH[device] = torch.empty(64 * 1024 * 1024 // 4, dtype=torch.float32, device=device)
+    buf.zero_()
+
+
+def time_fn(fn, device, warmup=3, trials=20, budget_s=5.0, lock_path=None):
+    """Runs fn() (already compiled/warm is fine) and returns timing stats in milliseconds.
+
+    Trials stop early once budget_s is spent (at least 3 are taken) so a slow task cannot stall a
+    worker; the median is the figure, the spread is (p90 - p10) / median."""
+    cuda = str(device).startswith("cuda")
+    with exclusive(lock_path):
+        for _ in range(warmup):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+        times = []
+        start_all = time.perf_counter()
+        for i in range(trials):
+            if cuda:
+                _flush_l2(device)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                torch.cuda.synchronize()
+                start.record()
+                fn()
+                # Device-wide sync before the end event so work on side streams is counted.
+                torch.cuda.synchronize()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1e3)
+            if i >= 2 and time.perf_counter() - start_all > budget_s:
+                break
+    times.sort()
+    med = statistics.median(times)
+    p10 = times[int(0.1 * (len(times) - 1))]
+    p90 = times[int(round(0.9 * (len(times) - 1)))]
+    return {"median_ms": med, "min_ms": times[0], "max_ms": times[-1], "trials": len(times),
+            "spread": (p90 - p10) / med if med > 0 else 0.0}
