@@ -49,7 +49,7 @@ void add_compose(CLI::App& app, Runner& run) {
       for (auto& [b, n] : s.by_bucket) spdlog::info("  bucket {:<13} {:>6}", b, n);
       for (auto& [r, n] : s.failures) spdlog::info("  failed {:<24} {:>6}", r, n);
       if (o->c.backend == "llm")
-        spdlog::info("  tokens: {} prompt, {} completion; {} answers from the cache", s.prompt_tokens,
+        spdlog::info("  tokens: {} prompt, {} completion spent by this run; {} answers from the cache", s.prompt_tokens,
                      s.completion_tokens, s.cached);
       return 0;
     };

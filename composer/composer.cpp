@@ -273,6 +273,18 @@ ComposeSummary compose_llm(Workspace& ws, const ComposeOptions& opts,
   LlmClient client(lo, &db);
 
   long first = next_index(db, "llm", opts.seed);
+  // Indices whose request failed for a passing reason (rate limit, server error, timeout,
+  // network) were never answered, so nothing is cached for them: ask them again first.
+  std::vector<long> indices;
+  {
+    auto st = db.prepare(
+        "SELECT idx FROM compose_failures WHERE backend = 'llm' AND rng_seed = ? AND (reason IN ('timeout', "
+        "'network', 'http_429') OR reason LIKE 'http_5%') ORDER BY idx");
+    st.bind(1, static_cast<std::int64_t>(opts.seed));
+    while (st.step()) indices.push_back(st.int64(0));
+    if (!indices.empty()) spdlog::info("asking again {} requests that failed for a passing reason", indices.size());
+  }
+  for (long i = first; i < first + opts.count; ++i) indices.push_back(i);
   struct Job {
     long index;
     std::string bucket;
@@ -281,7 +293,7 @@ ComposeSummary compose_llm(Workspace& ws, const ComposeOptions& opts,
   };
   std::vector<Job> jobs;
   std::vector<LlmRequest> reqs;
-  for (long i = first; i < first + opts.count; ++i) {
+  for (long i : indices) {
     std::mt19937_64 rng(opts.seed * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(i));
     double u = std::uniform_real_distribution<double>(0, total)(rng), acc = 0;
     std::string bucket = mix.back().first;
@@ -292,9 +304,12 @@ ComposeSummary compose_llm(Workspace& ws, const ComposeOptions& opts,
       }
     Job job{i, bucket, {}, {}};
     std::vector<PromptSeed> picked;
-    for (int k = 0; k < std::stoi(bucket); ++k) {
-      job.seeds.push_back(std::uniform_int_distribution<std::size_t>(0, pool.size() - 1)(rng));
-      picked.push_back(pool[job.seeds.back()]);
+    int k_ops = std::min<int>(std::stoi(bucket), static_cast<int>(pool.size()));
+    while (static_cast<int>(job.seeds.size()) < k_ops) {  // distinct ops: the prompt says each once
+      std::size_t s = std::uniform_int_distribution<std::size_t>(0, pool.size() - 1)(rng);
+      if (std::find(job.seeds.begin(), job.seeds.end(), s) != job.seeds.end()) continue;
+      job.seeds.push_back(s);
+      picked.push_back(pool[s]);
     }
     job.prompt = build_compose_prompt(picked);
     reqs.push_back({job.prompt.prompt, job.prompt.system, static_cast<int>(i)});
@@ -312,8 +327,11 @@ ComposeSummary compose_llm(Workspace& ws, const ComposeOptions& opts,
   std::vector<LlmResponse> answers(reqs.size());
   client.complete(reqs, [&](std::size_t k, const LlmResponse& r) {
     answers[k] = r;
-    sum.prompt_tokens += r.prompt_tokens;
-    sum.completion_tokens += r.completion_tokens;
+    // Tokens spent by this run: a cached answer cost nothing now.
+    if (!r.from_cache) {
+      sum.prompt_tokens += r.prompt_tokens;
+      sum.completion_tokens += r.completion_tokens;
+    }
     sum.cached += r.from_cache;
     progress.tick(1, fmt::format("{} prompt + {} completion tokens", sum.prompt_tokens, sum.completion_tokens));
   });
@@ -330,6 +348,10 @@ ComposeSummary compose_llm(Workspace& ws, const ComposeOptions& opts,
     };
     if (!r.ok) {
       fail(r.reason, r.detail);
+      continue;
+    }
+    if (r.finish_reason == "length") {  // cut off at max_tokens: half a program
+      fail("truncated", r.content.substr(0, 2000));
       continue;
     }
     ExtractedCode code = extract_model_code(r.content);
@@ -360,7 +382,8 @@ ComposeSummary compose_llm(Workspace& ws, const ComposeOptions& opts,
     bool added = false;
     db.transaction([&] { added = tasks::insert(db, t); });
     if (!added) {
-      fail("duplicate", "same normalised code as task " + t.id);
+      record_failure(db, "llm", opts.seed, job.index, job.bucket, "duplicate", "same normalised code as task " + t.id);
+      ++sum.duplicates;
       continue;
     }
     ++sum.added;

@@ -116,6 +116,8 @@ FilterSummary filter(Workspace& ws, const FilterOptions& opts) {
       env["OPFORGE_TIMING_LOCK"] = (ws.root() / "locks" / ("gpu" + std::to_string(gpu) + ".lock")).string();
     } else {
       env["OPFORGE_TIMING_LOCK"] = (ws.root() / "locks" / "cpu.lock").string();
+      // On a few cores inductor's pool of compile subprocesses costs more than it saves.
+      env["TORCHINDUCTOR_COMPILE_THREADS"] = "1";
     }
     popts.slot_env.push_back(env);
   }

@@ -244,7 +244,7 @@ TEST_F(ComposeLlm, ComposesFromAnswersRecordsFailuresAndAResumedRunUsesTheCache)
   }
 
   // What the user sees: failures by reason and the token totals.
-  EXPECT_NE(r.err.find("tokens: 1200 prompt, 600 completion; 0 answers from the cache"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("tokens: 1200 prompt, 600 completion spent by this run; 0 answers from the cache"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("no_code_block"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("7 added"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find(kGoodKey), std::string::npos) << "the key is never logged";

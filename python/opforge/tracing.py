@@ -38,8 +38,8 @@ def op_name(func):
     name = getattr(func, "__name__", None)
     if name is None:
         return None
-    if name in _METADATA:
-        return None
+    if name in _METADATA or (name.startswith("_") and not name.startswith("__")):
+        return None  # metadata and private helpers (torch._set_grad_enabled) are not operators
     qual = getattr(func, "__qualname__", "") or ""
     module = getattr(func, "__module__", None) or ""
     objclass = getattr(func, "__objclass__", None)
