@@ -22,7 +22,7 @@ for tid, code in db.execute("SELECT id, code FROM tasks"):
     open(os.path.join(sys.argv[2], f"t_{tid}.py"), "w").write(code)
 PY
 "$bin" crawl --workspace "$tmp/probe" --sources none --add "$tmp/files" --timeout-s 120 2> "$tmp/probe.log"
-echo "compose: $count candidates in $(printf '%.1f' "$(echo "$end - $start" | bc)") s"
+echo "compose: $count candidates in $(printf '%.1f' "$(python3 -c "print($end - $start)")") s"
 sqlite3 "$tmp/ws/opforge.db" "SELECT 'bucket ' || b || ': ' || n || ' (' || printf('%.1f', 100.0*n/$count) || '%)' FROM (SELECT json_extract(provenance,'\$.bucket') AS b, count(*) AS n FROM tasks GROUP BY b) ORDER BY b"
 sqlite3 "$tmp/probe/opforge.db" "SELECT 'eager on cpu: ' || sum(status='runnable') || '/' || count(*) || ' run (' || printf('%.1f', 100.0*sum(status='runnable')/count(*)) || '%)' FROM seeds"
 sqlite3 "$tmp/probe/opforge.db" "SELECT '  failed: ' || reason || ' x' || count(*) || ': ' || substr(min(detail), 1, 120) FROM seeds WHERE status='skipped' GROUP BY reason ORDER BY count(*) DESC"

@@ -102,13 +102,18 @@ def eager_checks(code, device, rtol, atol):
     return mod, model, inputs_a, out_a, tracer.ops
 
 
-def _scale_code(code, free_sizes, factor):
+MAX_INPUT_ELEMENTS = 1 << 28  # calibration never grows the inputs past 1 GiB of float32
+
+
+def _scale_code(code, free_sizes, factor, input_numel=0):
     """Multiplies the first free module-level size by factor; returns (code, old, new) or None."""
     for name in free_sizes:
         m = re.search(rf"^{re.escape(name)} = (\d+)\s*$", code, re.M)
         if not m:
             continue
         old = int(m.group(1))
+        if input_numel and factor > 1:
+            factor = min(factor, MAX_INPUT_ELEMENTS / input_numel)
         new = max(1, int(round(old * factor)))
         if new == old:
             return None
@@ -134,7 +139,9 @@ def judge(code, device="cpu", min_ms=1.0, max_ms=100.0, calibrate=True, free_siz
             if min_ms <= med <= max_ms:
                 break
             target = math.sqrt(min_ms * max_ms)
-            scaled = _scale_code(code, free_sizes, target / med) if calibrate and step < MAX_CALIBRATION_STEPS else None
+            numel = sum(x.numel() for x in inputs if isinstance(x, torch.Tensor))
+            scaled = (_scale_code(code, free_sizes, target / med, numel)
+                      if calibrate and step < MAX_CALIBRATION_STEPS else None)
             if scaled is None:
                 metrics.update(eager_ms=med, eager=eager)
                 raise Reject("too_fast" if med < min_ms else "too_slow",

@@ -1,0 +1,51 @@
+"""Summarise a filtered workspace: funnel, reasons, time distributions, timing spread.
+
+    python3 bench/filter_report.py WORKSPACE [--wall-s SECONDS]
+"""
+import argparse
+import json
+import sqlite3
+import statistics
+
+
+def q(values, p):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(p * (len(values) - 1) + 0.5))] if values else float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("workspace")
+    ap.add_argument("--wall-s", type=float, default=None)
+    a = ap.parse_args()
+    db = sqlite3.connect(f"{a.workspace}/opforge.db")
+    rows = db.execute("SELECT verdict, reason, metrics, calibration FROM filter_results").fetchall()
+    n = len(rows)
+    acc = [r for r in rows if r[0] == "accepted"]
+    print(f"judged {n}, accepted {len(acc)} ({100 * len(acc) / max(n, 1):.1f}%)")
+    if a.wall_s:
+        print(f"throughput {60 * n / a.wall_s:.1f} tasks/min ({n} in {a.wall_s:.0f} s)")
+    reasons = {}
+    for r in rows:
+        if r[0] == "rejected":
+            reasons[r[1]] = reasons.get(r[1], 0) + 1
+    print("rejected by reason:")
+    for k, v in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        print(f"  {k:<20} {v:>5}")
+    m = [json.loads(r[2]) for r in acc]
+    cal = sum(1 for r in acc if r[3] and json.loads(r[3]))
+    print(f"accepted after calibration: {cal}")
+    for key in ("eager_ms", "compile_ms", "compile_speedup", "compile_wall_s", "peak_mem_mb"):
+        vals = [x[key] for x in m if isinstance(x.get(key), (int, float))]
+        if vals:
+            print(f"{key:<16} p10 {q(vals, .1):8.3f}  p50 {q(vals, .5):8.3f}  p90 {q(vals, .9):8.3f}  (n={len(vals)})")
+    spreads = [x["eager"]["spread"] for x in m if "eager" in x]
+    if spreads:
+        print(f"eager timing spread (p90-p10)/median: median {100 * statistics.median(spreads):.2f}%, "
+              f"p90 {100 * q(spreads, .9):.2f}%, share under 3%: {100 * sum(s < 0.03 for s in spreads) / len(spreads):.0f}%")
+    dev = {x.get("device") for x in m}
+    print(f"device: {', '.join(sorted(d for d in dev if d))}")
+
+
+if __name__ == "__main__":
+    main()
