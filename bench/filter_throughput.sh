@@ -12,7 +12,7 @@ counts=("$@")
 bin=${OPFORGE:-./build/opforge}
 py=${PYTHON:-python3}
 here=$(cd "$(dirname "$0")" && pwd)
-printf '%-8s %-10s %-12s %-9s %s\n' workers wall_s tasks/min accepted rejected_by_reason
+printf '%-8s %-10s %-12s %-9s %-10s %s\n' workers wall_s tasks/min accepted spread_p50 rejected_by_reason
 for w in "${counts[@]}"; do
   tmp=$(mktemp -d)
   mkdir -p "$tmp/ws"
@@ -32,14 +32,17 @@ PY
   "$py" - "$tmp/ws/opforge.db" "$w" "$wall" <<'PY'
 import sqlite3, sys
 db = sqlite3.connect(sys.argv[1])
+import json, statistics
 rows = db.execute("SELECT verdict, reason FROM filter_results").fetchall()
 acc = sum(v == "accepted" for v, _ in rows)
+sp = [json.loads(m)["eager"]["spread"] for (m,) in db.execute("SELECT metrics FROM filter_results WHERE verdict='accepted'")]
+spread = f"{100 * statistics.median(sp):.2f}%" if sp else "-"
 reasons = {}
 for v, r in rows:
     if v == "rejected":
         reasons[r] = reasons.get(r, 0) + 1
 wall = float(sys.argv[3])
-print(f"{sys.argv[2]:<8} {wall:<10.1f} {60 * len(rows) / wall:<12.1f} {acc:<9} " + ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())))
+print(f"{sys.argv[2]:<8} {wall:<10.1f} {60 * len(rows) / wall:<12.1f} {acc:<9} {spread:<10} " + ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())))
 PY
   rm -rf "$tmp"
 done

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include "opforge/core/error.h"
 #include "opforge/core/hash.h"
@@ -114,6 +115,11 @@ FilterSummary filter(Workspace& ws, const FilterOptions& opts) {
       int gpu = i % gpus;
       env["CUDA_VISIBLE_DEVICES"] = std::to_string(gpu);
       env["OPFORGE_TIMING_LOCK"] = (ws.root() / "locks" / ("gpu" + std::to_string(gpu) + ".lock")).string();
+      int sharing = (popts.workers + gpus - 1 - gpu) / gpus;  // workers on this GPU
+      env["OPFORGE_GPU_MEM_FRACTION"] = fmt::format("{:.3f}", 0.9 / std::max(1, sharing));
+      // Inductor's compile pool per worker: the cores shared out, so launches are not starved.
+      unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+      env["TORCHINDUCTOR_COMPILE_THREADS"] = std::to_string(std::max(1u, hw / static_cast<unsigned>(popts.workers)));
     } else {
       env["OPFORGE_TIMING_LOCK"] = (ws.root() / "locks" / "cpu.lock").string();
       // On a few cores inductor's pool of compile subprocesses costs more than it saves.
@@ -153,9 +159,12 @@ FilterSummary filter(Workspace& ws, const FilterOptions& opts) {
         ++sum.rejected;
         ++sum.reasons[outcome_name(r.outcome)];
       } else if (!r.reply.value("ok", false)) {
-        // The judge itself failed (a bug or a broken environment), not the task: stop loudly.
-        throw Error(fmt::format("the judge failed: {}: {}\n{}", r.reply.value("error", ""),
-                                r.reply.value("message", ""), r.reply.value("traceback", "")));
+        // The judge request itself failed: recorded with its traceback, and the run goes on.
+        std::string detail = r.reply.value("error", "") + ": " + r.reply.value("message", "") + "\n" +
+                             r.reply.value("traceback", "");
+        record(db, job.id, "rejected", "judge_error", detail, json::object(), nullptr, job.code, json::array(), device);
+        ++sum.rejected;
+        ++sum.reasons["judge_error"];
       } else {
         const json& v = r.reply["result"];
         std::string verdict = v["verdict"];

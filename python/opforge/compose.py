@@ -69,7 +69,10 @@ class Composer:
             x = torch.randn(*shape)
             with torch.no_grad():
                 y = eval(spec["forward"], {**ns, "self": mod, "x": x})  # noqa: S307
-            if isinstance(y, torch.Tensor) and y.dtype == torch.float32 and 1 < y.numel() <= MAX_NUMEL:
+            # Ops that multiply the data (outer, kron, cartesian products) would explode once the
+            # batch is scaled up for timing: not chained.
+            if (isinstance(y, torch.Tensor) and y.dtype == torch.float32 and 1 < y.numel() <= MAX_NUMEL
+                    and y.numel() <= 8 * x.numel()):
                 out = list(y.shape)
         except Exception:  # noqa: BLE001 - not fitting is the expected answer
             out = None
