@@ -168,10 +168,7 @@ def _judge(code, device="cpu", min_ms=1.0, max_ms=100.0, calibrate=True, free_si
                                                                  lock_path=timing_lock))
             med = eager["median_ms"]
             target = math.sqrt(min_ms * max_ms)
-            # Inside the window as given: done. Once calibrating, aim near the window's geometric
-            # middle, where timings are neither launch-bound nor long.
-            near = target / 3 <= med <= target * 3 if calibration else True
-            if min_ms <= med <= max_ms and (near or step == MAX_CALIBRATION_STEPS):
+            if min_ms <= med <= max_ms:
                 break
             numel = sum(x.numel() for x in inputs if isinstance(x, torch.Tensor))
             scaled = (_scale_code(code, free_sizes, target / med, numel)
