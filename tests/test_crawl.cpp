@@ -135,23 +135,8 @@ TEST(Crawl, KilledWithSigkillAndResumedEndsWithTheSameSeeds) {
 
   pid_t pid = test::spawn_opforge(args_for(ws));
   // Wait until some, not all, seeds are probed, then kill without warning.
-  bool killed = false;
-  for (int i = 0; i < 600 && !killed; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (!std::filesystem::exists(ws / "opforge.db")) continue;
-    try {
-      Db db(ws / "opforge.db");
-      auto st = db.prepare("SELECT count(*) FROM seeds WHERE source = 'local' AND status = 'runnable'");
-      if (st.step() && st.int64(0) >= 6) {
-        kill(pid, SIGKILL);
-        killed = true;
-      }
-    } catch (const std::exception&) {
-      // the schema may not exist yet
-    }
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
+  bool killed = test::kill_when(pid, ws / "opforge.db",
+                                "SELECT count(*) FROM seeds WHERE source = 'local' AND status = 'runnable'", 6, 30);
   ASSERT_TRUE(killed) << "the crawl finished before it could be killed";
   auto partial = seeds(ws);
   size_t pending = 0;

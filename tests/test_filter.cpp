@@ -109,20 +109,7 @@ TEST(Filter, KilledHalfWayAndRestartedEndsWithTheSameAcceptedSet) {
   ASSERT_EQ(test::run_opforge(with_ws(ref)).exit_code, 0);
 
   pid_t pid = test::spawn_opforge(with_ws(ws));
-  bool killed = false;
-  for (int i = 0; i < 2400 && !killed; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    try {
-      Db db(ws / "opforge.db");
-      auto st = db.prepare("SELECT count(*) FROM filter_results");
-      if (st.step() && st.int64(0) >= 3) {
-        kill(pid, SIGKILL);
-        killed = true;
-      }
-    } catch (const std::exception&) {
-    }
-  }
-  waitpid(pid, nullptr, 0);
+  bool killed = test::kill_when(pid, ws / "opforge.db", "SELECT count(*) FROM filter_results", 3, 120);
   ASSERT_TRUE(killed);
   {
     Db db(ws / "opforge.db");

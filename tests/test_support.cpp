@@ -5,7 +5,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <signal.h>
+#include <thread>
+
+#include "opforge/core/store.h"
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -61,6 +66,28 @@ CmdResult run_opforge(const std::vector<std::string>& args) {
 }
 
 pid_t spawn_opforge(const std::vector<std::string>& args) { return spawn(args, "/dev/null", "/dev/null"); }
+
+bool kill_when(pid_t pid, const std::filesystem::path& db, const std::string& count_sql, long at_least, int max_s) {
+  bool killed = false;
+  for (int i = 0; i < max_s * 20 && !killed; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (waitpid(pid, nullptr, WNOHANG) == pid) return false;  // it finished first
+    if (!std::filesystem::exists(db)) continue;
+    try {
+      Db d(db);
+      auto st = d.prepare(count_sql);
+      if (st.step() && st.int64(0) >= at_least) {
+        kill(pid, SIGKILL);
+        killed = true;
+      }
+    } catch (const std::exception&) {
+      // the schema may not exist yet
+    }
+  }
+  if (!killed) kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  return killed;
+}
 
 std::string read_file(const std::filesystem::path& p) {
   std::ifstream f(p);

@@ -30,6 +30,10 @@ CmdResult run_opforge(const std::vector<std::string>& args);
 // Starts build/opforge in the background (output discarded); returns its pid.
 pid_t spawn_opforge(const std::vector<std::string>& args);
 
+// Polls count_sql on the database until it answers at least `at_least`, then SIGKILLs pid and
+// reaps it. Returns false (after reaping) when pid ended or max_s passed first.
+bool kill_when(pid_t pid, const std::filesystem::path& db, const std::string& count_sql, long at_least, int max_s);
+
 std::string read_file(const std::filesystem::path& p);
 void write_file(const std::filesystem::path& p, const std::string& text);
 std::filesystem::path fixtures();
