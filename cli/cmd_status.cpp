@@ -5,6 +5,7 @@
 #include "commands.h"
 #include "composer.h"
 #include "crawler.h"
+#include "dedup.h"
 #include "filter.h"
 #include "opforge/core/error.h"
 #include "opforge/core/store.h"
@@ -38,6 +39,16 @@ void print_table(const nlohmann::json& st) {
   std::cout << fmt::format("\nfilter: {} judged, {} accepted, {} rejected, {} pending\n", fl["judged"].get<long>(),
                            fl["accepted"].get<long>(), fl["rejected"].get<long>(), fl["pending"].get<long>());
   for (auto& [r, n] : fl["reasons"].items()) std::cout << fmt::format("  rejected {:<22} {:>7}\n", r, n.get<long>());
+  const auto& dd = st["dedup"];
+  std::cout << fmt::format("\ndedup: {} kept, {} dropped, {} accepted since the last run\n", dd["kept"].get<long>(),
+                           dd["dropped"].get<long>(), dd["pending"].get<long>());
+  for (auto& [r, n] : dd["reasons"].items()) std::cout << fmt::format("  dropped {:<23} {:>7}\n", r, n.get<long>());
+  if (dd["kept_with_reference"].get<long>() > 0) {
+    std::cout << "  kept by cosine to the nearest reference\n";
+    for (auto& b : dd["ref_similarity_histogram"])
+      std::cout << fmt::format("  [{:.1f}, {:.1f}) {:>7}\n", b["from"].get<double>(), b["to"].get<double>(),
+                               b["kept"].get<long>());
+  }
   if (!seeds["top_skip_reasons"].empty()) {
     std::cout << "\n  top skip reasons\n";
     for (auto& r : seeds["top_skip_reasons"])
@@ -63,7 +74,8 @@ void add_status(CLI::App& app, Runner& run) {
       nlohmann::json st = {{"workspace", std::filesystem::absolute(*workspace).string()},
                            {"seeds", crawler::status(ws.db())},
                            {"candidates", composer::status(ws.db())},
-                           {"filter", filter::status(ws.db())}};
+                           {"filter", filter::status(ws.db())},
+                           {"dedup", dedup::status(ws.db())}};
       if (*as_json)
         std::cout << st.dump() << "\n";
       else

@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
   opforge::cli::add_import(app, run);
   opforge::cli::add_filter(app, run);
   opforge::cli::add_tasks(app, run);
+  opforge::cli::add_dedup(app, run);
   opforge::cli::add_status(app, run);
   opforge::cli::add_worker(app, run);
   try {

@@ -22,6 +22,7 @@ HANDLERS = {
     "normalize": "opforge.normalize:normalize_request",
     "compose_template": "opforge.compose:compose_template",
     "judge": "opforge.filter:judge",
+    "features": "opforge.features:features",
 }
 
 

@@ -1,0 +1,433 @@
+#include "dedup.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>  // before faiss: its headers use uint8_t without including it (faiss 1.7.3)
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include <faiss/IndexFlat.h>
+#include <faiss/impl/AuxIndexStructures.h>
+
+#include "opforge/core/error.h"
+#include "opforge/core/hash.h"
+#include "opforge/core/paths.h"
+#include "opforge/core/progress.h"
+#include "opforge/core/tasks.h"
+#include "opforge/core/worker_pool.h"
+
+namespace opforge::dedup {
+
+using nlohmann::json;
+using idx_t = faiss::Index::idx_t;
+
+void migrate(Db& db) {
+  tasks::migrate(db);
+  db.migrate("dedup", {R"sql(
+CREATE TABLE dedup_results (
+  task_id          TEXT PRIMARY KEY REFERENCES tasks(id),
+  kept             INTEGER NOT NULL CHECK (kept IN (0, 1)),
+  reason           TEXT,     -- a fixed code (docs/reasons.md) when dropped
+  duplicate_of     TEXT,     -- exact_duplicate / near_duplicate: the kept task it repeats
+  nearest_ref      TEXT,     -- the most similar reference file, relative to its --reference folder
+  ref_similarity   REAL,     -- cosine to nearest_ref (NULL without --reference)
+  nearest_task     TEXT,     -- the most similar other accepted task
+  task_similarity  REAL,
+  kernelbench_problem TEXT,  -- kernelbench_ops: the level-2 problem whose op sequence it spells
+  normal_hash      TEXT NOT NULL,  -- xxh3 of the normal form (python/opforge/features.py)
+  op_sequence      TEXT            -- JSON list: the ops in KernelBench's vocabulary
+);
+CREATE INDEX dedup_results_kept ON dedup_results(kept, reason);
+-- The options of the run that wrote dedup_results (one row), so export can state the thresholds.
+CREATE TABLE dedup_config (
+  id     INTEGER PRIMARY KEY CHECK (id = 1),
+  config TEXT NOT NULL
+);
+)sql"});
+}
+
+namespace {
+
+bool table_exists(Db& db, const std::string& name) {
+  auto st = db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?");
+  st.bind(1, name);
+  return st.step();
+}
+
+struct Item {
+  std::string id;      // task id, or the reference's relative path
+  std::string code;
+  json ops;            // traced ops, or null
+};
+
+struct Features {
+  std::uint64_t normal_hash = 0;
+  json tokens, ops;
+};
+
+// Features of every item, computed in the worker pool in batches (python/opforge/features.py).
+std::vector<Features> compute_features(WorkerPool& pool, const std::vector<Item>& items, const std::string& what) {
+  constexpr std::size_t kBatch = 256;
+  std::vector<json> reqs;
+  for (std::size_t b = 0; b < items.size(); b += kBatch) {
+    json batch = json::array();
+    for (std::size_t i = b; i < std::min(items.size(), b + kBatch); ++i)
+      batch.push_back({{"code", items[i].code}, {"ops", items[i].ops}});
+    reqs.push_back({{"op", "features"}, {"args", {{"items", batch}}}});
+  }
+  std::vector<Features> out(items.size());
+  Progress progress("features of " + what, items.size());
+  pool.run(reqs, [&](WorkerResult&& r) {
+    std::size_t first = r.index * kBatch;
+    // Features are pure ast: a failure here is a broken installation, not a bad task.
+    OPFORGE_CHECK(r.outcome == Outcome::ok, "computing features of {} failed ({}: {}); see the workers' log", what,
+                  outcome_name(r.outcome), r.reason);
+    OPFORGE_CHECK(r.reply.value("ok", false), "computing features of {} (item {}, {}) failed: {}: {}", what, first,
+                  items[first].id, r.reply.value("error", ""), r.reply.value("message", ""));
+    const json& res = r.reply["result"];
+    for (std::size_t k = 0; k < res.size(); ++k) {
+      Features& f = out[first + k];
+      f.normal_hash = xxh3_64(res[k]["normal"].get<std::string>());
+      f.tokens = res[k]["tokens"];
+      f.ops = res[k]["ops"];
+    }
+    progress.tick(res.size());
+  });
+  progress.finish();
+  return out;
+}
+
+std::vector<float> matrix(const std::vector<Features>& fs, int dims, double ops_weight) {
+  std::vector<float> m(fs.size() * static_cast<std::size_t>(dims));
+  for (std::size_t i = 0; i < fs.size(); ++i) {
+    auto v = hashed_vector(fs[i].tokens, dims, ops_weight);
+    std::copy(v.begin(), v.end(), m.begin() + static_cast<std::ptrdiff_t>(i * dims));
+  }
+  return m;
+}
+
+std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<Item> load_references(const std::vector<std::filesystem::path>& dirs) {
+  std::vector<Item> refs;
+  for (auto& dir : dirs) {
+    OPFORGE_CHECK(std::filesystem::is_directory(dir),
+                  "--reference {} is not a folder: give a folder of KernelBench-format .py files (e.g. a KernelBench "
+                  "checkout's KernelBench/ folder)",
+                  dir.string());
+    std::vector<std::filesystem::path> files;
+    for (auto& e : std::filesystem::recursive_directory_iterator(dir))
+      if (e.is_regular_file() && e.path().extension() == ".py") files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    if (files.empty()) spdlog::warn("--reference {} holds no .py file", dir.string());
+    for (auto& f : files) refs.push_back({std::filesystem::relative(f, dir).string(), read_text(f), nullptr});
+  }
+  return refs;
+}
+
+}  // namespace
+
+std::vector<float> hashed_vector(const json& tokens, int dims, double ops_weight) {
+  std::vector<double> ast(dims, 0.0), ops(dims, 0.0);
+  for (auto& [tok, count] : tokens.items()) {
+    std::uint64_t h = xxh3_64(tok);
+    double w = 1.0 + std::log(std::max(1.0, count.get<double>()));
+    auto& v = tok.rfind("op:", 0) == 0 ? ops : ast;
+    v[h % static_cast<std::uint64_t>(dims)] += (h >> 63) ? -w : w;
+  }
+  auto norm = [](const std::vector<double>& v) {
+    double s = 0;
+    for (double x : v) s += x * x;
+    return std::sqrt(s);
+  };
+  double na = norm(ast), no = norm(ops);
+  // Without op tokens (code that does not parse into a Model) the AST part is all there is.
+  double wa = no > 0 ? std::sqrt(1.0 - ops_weight) : 1.0, wo = na > 0 ? std::sqrt(ops_weight) : 1.0;
+  std::vector<float> out(dims, 0.f);
+  for (int i = 0; i < dims; ++i)
+    out[i] = static_cast<float>((na > 0 ? wa * ast[i] / na : 0.0) + (no > 0 ? wo * ops[i] / no : 0.0));
+  double n = 0;
+  for (float x : out) n += static_cast<double>(x) * x;
+  if (n > 0)
+    for (float& x : out) x = static_cast<float>(x / std::sqrt(n));
+  return out;
+}
+
+std::vector<std::string> op_tokens(const json& ops, const json& table) {
+  std::vector<std::string> out;
+  if (!ops.is_array()) return out;
+  for (auto& op : ops) {
+    std::string name = op.get<std::string>();
+    for (auto& p : table["op_prefixes"]) {
+      const std::string& prefix = p.get_ref<const std::string&>();
+      if (name.rfind(prefix, 0) == 0) {
+        name = name.substr(prefix.size());
+        break;
+      }
+    }
+    std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+    auto it = table["op_tokens"].find(name);
+    if (it == table["op_tokens"].end()) {
+      out.push_back(name);  // unknown to the table: its own token, so it cannot match by accident
+    } else if (!it->is_null()) {
+      out.push_back(it->get<std::string>());
+    }  // null: layout-only, not part of a spelled sequence
+  }
+  return out;
+}
+
+DedupSummary dedup(Workspace& ws, const DedupOptions& opts) {
+  auto t0 = std::chrono::steady_clock::now();
+  Db& db = ws.db();
+  migrate(db);
+  DedupSummary sum;
+  OPFORGE_CHECK(opts.dims > 0, "--dims must be positive");
+
+  // Checked before any work: a wrong path must not cost a features pass first.
+  std::vector<Item> refs = load_references(opts.references);
+  json table;
+  if (opts.kernelbench_names) {
+    auto path = data_dir() / "kernelbench_ops.json";
+    OPFORGE_CHECK(std::filesystem::exists(path),
+                  "{} is missing (regenerate it with data/tools/kernelbench_ops.py, or pass --no-kernelbench-names)",
+                  path.string());
+    table = with_context("while reading " + path.string(), [&] { return json::parse(read_text(path)); });
+  }
+
+  std::vector<Item> items;
+  if (table_exists(db, "filter_results")) {
+    auto st = db.prepare(
+        "SELECT t.id, coalesce(f.code, t.code), f.ops FROM tasks t JOIN filter_results f ON f.task_id = t.id "
+        "WHERE f.verdict = 'accepted' ORDER BY t.id");
+    while (st.step()) items.push_back({st.text(0), st.text(1), st.is_null(2) ? json(nullptr) : json::parse(st.text(2))});
+  }
+  sum.accepted = static_cast<long>(items.size());
+  sum.references = static_cast<long>(refs.size());
+  if (items.empty()) {
+    spdlog::info("nothing to dedup: no accepted task (run `opforge filter` first)");
+    db.transaction([&] { db.exec("DELETE FROM dedup_results"); });
+    return sum;
+  }
+
+  // Features of tasks and references.
+  auto tf = std::chrono::steady_clock::now();
+  WorkerPoolOptions popts;
+  std::size_t batches = (items.size() + 255) / 256 + (refs.size() + 255) / 256;
+  popts.workers = static_cast<int>(std::clamp<std::size_t>(batches, 1, std::max(1, opts.workers)));
+  popts.log_file = ws.logs_dir() / "workers.log";
+  std::vector<Features> tfeat, rfeat;
+  {
+    WorkerPool pool(popts);
+    tfeat = compute_features(pool, items, "accepted tasks");
+    if (!refs.empty()) rfeat = compute_features(pool, refs, "references");
+  }
+  auto ts = std::chrono::steady_clock::now();
+  sum.features_seconds = std::chrono::duration<double>(ts - tf).count();
+
+  const std::size_t n = items.size();
+  const int d = opts.dims;
+  std::vector<float> tx = matrix(tfeat, d, opts.ops_weight);
+
+  // Exact duplicates: the first task (smallest id) of each normal form stands for the others.
+  std::vector<long> exact_of(n, -1);
+  std::vector<idx_t> uniq;  // task positions of first occurrences
+  {
+    std::unordered_map<std::uint64_t, std::size_t> first;
+    for (std::size_t i = 0; i < n; ++i) {
+      auto [it, fresh] = first.emplace(tfeat[i].normal_hash, i);
+      if (fresh) uniq.push_back(static_cast<idx_t>(i));
+      else exact_of[i] = static_cast<long>(it->second);
+    }
+  }
+
+  // Near duplicates: every pair of distinct normal forms at or above within_threshold (range
+  // search, exact), and each task's nearest other task (top 2: one is usually itself).
+  std::vector<float> ux(uniq.size() * static_cast<std::size_t>(d));
+  for (std::size_t k = 0; k < uniq.size(); ++k)
+    std::copy_n(tx.begin() + uniq[k] * d, d, ux.begin() + static_cast<std::ptrdiff_t>(k * d));
+  faiss::IndexFlatIP tindex(d);
+  tindex.add(static_cast<idx_t>(uniq.size()), ux.data());
+  // Cosines of equal unit vectors come out a hair below 1 in float: compare with slack.
+  constexpr double kSlack = 1e-5;
+  faiss::RangeSearchResult near(static_cast<idx_t>(uniq.size()));
+  tindex.range_search(static_cast<idx_t>(uniq.size()), ux.data(), static_cast<float>(opts.within_threshold - kSlack),
+                      &near);
+  int k2 = std::min<int>(2, static_cast<int>(uniq.size()));
+  std::vector<float> nd(n * k2);
+  std::vector<idx_t> nl(n * k2);
+  tindex.search(static_cast<idx_t>(n), tx.data(), k2, nd.data(), nl.data());
+
+  // Nearest reference of every task.
+  std::vector<float> rd(n, 0.f);
+  std::vector<idx_t> rl(n, -1);
+  if (!refs.empty()) {
+    std::vector<float> rx = matrix(rfeat, d, opts.ops_weight);
+    faiss::IndexFlatIP rindex(d);
+    rindex.add(static_cast<idx_t>(refs.size()), rx.data());
+    rindex.search(static_cast<idx_t>(n), tx.data(), 1, rd.data(), rl.data());
+  }
+
+  // KernelBench level-2 sequences, by their token lists.
+  std::map<std::vector<std::string>, std::string> kb;
+  // Without the table, op sequences are still recorded, spelled as lower-cased op names.
+  const json vocab = table.is_null() ? json{{"op_prefixes", json::array()}, {"op_tokens", json::object()}} : table;
+  if (opts.kernelbench_names)
+    for (auto& [name, seq] : table["level2"].items()) kb.emplace(seq.get<std::vector<std::string>>(), name);
+
+  struct Row {
+    bool kept = true;
+    std::string reason, duplicate_of, kb_problem;
+    long nearest_task = -1;
+    double task_sim = 0;
+    std::vector<std::string> seq;
+  };
+  std::vector<Row> rows(n);
+  std::vector<long> uniq_pos(n, -1);
+  for (std::size_t k = 0; k < uniq.size(); ++k) uniq_pos[uniq[k]] = static_cast<long>(k);
+
+  // Decided in id order, so "earlier" and "first" are stable across runs.
+  for (std::size_t i = 0; i < n; ++i) {
+    Row& r = rows[i];
+    for (int k = 0; k < k2; ++k) {
+      idx_t j = nl[i * k2 + k];
+      if (j < 0 || static_cast<std::size_t>(uniq[j]) == i) continue;
+      r.nearest_task = static_cast<long>(uniq[j]);
+      r.task_sim = nd[i * k2 + k];
+      break;
+    }
+    r.seq = op_tokens(items[i].ops.is_null() ? tfeat[i].ops : items[i].ops, vocab);
+    if (exact_of[i] >= 0) {
+      r.kept = false;
+      r.reason = "exact_duplicate";
+      r.duplicate_of = items[exact_of[i]].id;
+      r.nearest_task = exact_of[i];
+      r.task_sim = 1.0;
+      continue;
+    }
+    if (auto it = kb.find(r.seq); opts.kernelbench_names && !r.seq.empty() && it != kb.end()) {
+      r.kept = false;
+      r.reason = "kernelbench_ops";
+      r.kb_problem = it->second;
+      continue;
+    }
+    if (!refs.empty() && rd[i] >= opts.threshold - kSlack) {
+      r.kept = false;
+      r.reason = "kernelbench_similar";
+      continue;
+    }
+    // The most similar earlier task that is still kept.
+    long u = uniq_pos[i];
+    double best = -2;
+    long best_j = -1;
+    for (std::size_t e = near.lims[u]; e < near.lims[u + 1]; ++e) {
+      long j = static_cast<long>(uniq[near.labels[e]]);
+      if (j < static_cast<long>(i) && rows[j].kept && near.distances[e] > best) {
+        best = near.distances[e];
+        best_j = j;
+      }
+    }
+    if (best_j >= 0) {
+      r.kept = false;
+      r.reason = "near_duplicate";
+      r.duplicate_of = items[best_j].id;
+      r.nearest_task = best_j;
+      r.task_sim = best;
+    }
+  }
+  sum.search_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
+
+  json config = {{"references", json::array()},
+                 {"threshold", opts.threshold},
+                 {"within_threshold", opts.within_threshold},
+                 {"kernelbench_names", opts.kernelbench_names},
+                 {"dims", opts.dims},
+                 {"ops_weight", opts.ops_weight},
+                 {"reference_files", refs.size()}};
+  for (auto& p : opts.references) config["references"].push_back(std::filesystem::absolute(p).string());
+
+  // From scratch, in one transaction: a killed run leaves the previous results whole.
+  db.transaction([&] {
+    db.exec("DELETE FROM dedup_results");
+    auto st = db.prepare(
+        "INSERT INTO dedup_results(task_id, kept, reason, duplicate_of, nearest_ref, ref_similarity, nearest_task, "
+        "task_similarity, kernelbench_problem, normal_hash, op_sequence) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+    for (std::size_t i = 0; i < n; ++i) {
+      const Row& r = rows[i];
+      st.reset();
+      st.bind(1, items[i].id).bind(2, r.kept ? 1 : 0);
+      r.reason.empty() ? st.bind_null(3) : st.bind(3, r.reason);
+      r.duplicate_of.empty() ? st.bind_null(4) : st.bind(4, r.duplicate_of);
+      if (!refs.empty() && rl[i] >= 0) {
+        st.bind(5, refs[rl[i]].id).bind(6, static_cast<double>(rd[i]));
+      } else {
+        st.bind_null(5).bind_null(6);
+      }
+      if (r.nearest_task >= 0) {
+        st.bind(7, items[r.nearest_task].id).bind(8, r.task_sim);
+      } else {
+        st.bind_null(7).bind_null(8);
+      }
+      r.kb_problem.empty() ? st.bind_null(9) : st.bind(9, r.kb_problem);
+      st.bind(10, fmt::format("{:016x}", tfeat[i].normal_hash)).bind(11, json(r.seq).dump());
+      st.run();
+      if (r.kept) {
+        ++sum.kept;
+      } else {
+        ++sum.dropped;
+        ++sum.reasons[r.reason];
+      }
+    }
+    auto cst = db.prepare("INSERT OR REPLACE INTO dedup_config(id, config) VALUES(1, ?)");
+    cst.bind(1, config.dump()).run();
+  });
+  sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return sum;
+}
+
+json status(Db& db) {
+  migrate(db);
+  json out = {{"kept", 0}, {"dropped", 0}, {"pending", 0}, {"reasons", json::object()}};
+  auto st = db.prepare("SELECT kept, coalesce(reason, ''), count(*) FROM dedup_results GROUP BY kept, reason");
+  while (st.step()) {
+    if (st.int64(0)) {
+      out["kept"] = out["kept"].get<long>() + st.int64(2);
+    } else {
+      out["dropped"] = out["dropped"].get<long>() + st.int64(2);
+      out["reasons"][st.text(1)] = st.int64(2);
+    }
+  }
+  // Accepted tasks the last dedup run did not see (accepted since).
+  if (table_exists(db, "filter_results")) {
+    auto p = db.prepare(
+        "SELECT count(*) FROM filter_results f LEFT JOIN dedup_results d ON d.task_id = f.task_id "
+        "WHERE f.verdict = 'accepted' AND d.task_id IS NULL");
+    if (p.step()) out["pending"] = p.int64(0);
+  }
+  // Kept tasks by cosine to their nearest reference, bins [0, 0.1) ... [0.9, 1.0].
+  json hist = json::array();
+  std::vector<long> bins(10, 0);
+  long with_ref = 0;
+  auto h = db.prepare("SELECT ref_similarity FROM dedup_results WHERE kept = 1 AND ref_similarity IS NOT NULL");
+  while (h.step()) {
+    int b = static_cast<int>(std::floor(h.real(0) * 10));
+    ++bins[std::clamp(b, 0, 9)];
+    ++with_ref;
+  }
+  for (int b = 0; b < 10; ++b)
+    hist.push_back({{"from", b / 10.0}, {"to", (b + 1) / 10.0}, {"kept", bins[b]}});
+  out["ref_similarity_histogram"] = hist;
+  out["kept_with_reference"] = with_ref;
+  return out;
+}
+
+}  // namespace opforge::dedup
