@@ -18,6 +18,7 @@ void add_filter(CLI::App& app, Runner& run);
 void add_import(CLI::App& app, Runner& run);
 void add_tasks(CLI::App& app, Runner& run);
 void add_dedup(CLI::App& app, Runner& run);
+void add_export(CLI::App& app, Runner& run);
 void add_worker(CLI::App& app, Runner& run);
 
 // Shared option helpers.

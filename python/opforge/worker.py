@@ -23,6 +23,7 @@ HANDLERS = {
     "compose_template": "opforge.compose:compose_template",
     "judge": "opforge.filter:judge",
     "features": "opforge.features:features",
+    "plots": "opforge.plots:plots",
 }
 
 

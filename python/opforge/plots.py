@@ -1,0 +1,75 @@
+"""PNG plots of `opforge export`'s stats (request "plots"), drawn with matplotlib's Agg backend.
+
+Takes the stats dict export writes as stats/*.json and the folder to write into; returns the
+files written. The PNG metadata carries no software version or date, so a rerun over the same
+stats usually gives the same bytes (not promised: export's checksums leave the PNGs out).
+"""
+import os
+
+_META = {"Software": None}
+
+
+def _bar(plt, labels, values, title, xlabel, path, horizontal=False):
+    fig, ax = plt.subplots(figsize=(8, max(3, 0.25 * len(labels) + 1) if horizontal else 4))
+    if horizontal:
+        ax.barh(range(len(labels)), values)
+        ax.set_yticks(range(len(labels)))
+        ax.set_yticklabels(labels, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_xlabel("tasks")
+    else:
+        ax.bar(range(len(labels)), values)
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=45, ha="right", fontsize=7)
+        ax.set_ylabel("tasks")
+        ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, metadata=_META)
+    plt.close(fig)
+
+
+def _hist_labels(h):
+    out = []
+    for b in h["bins"]:
+        to = b["to"]
+        out.append(f"{b['from']:g}-{to:g}" if to is not None else f">={b['from']:g}")
+    return out
+
+
+def plots(stats, out_dir):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+
+    def path(name):
+        p = os.path.join(out_dir, name)
+        written.append(p)
+        return p
+
+    f = stats["funnel"]
+    labels, values = [], []
+    for k, v in sorted(f.get("seeds", {}).items()):
+        labels.append(f"seeds {k}")
+        values.append(v)
+    labels += ["candidates", "filter accepted", "filter rejected", "dedup kept", "dedup dropped", "exported"]
+    values += [f["candidates"]["total"], f["filter"]["accepted"], f["filter"]["rejected"], f["dedup"]["kept"],
+               f["dedup"]["dropped"], f["exported"]["records"]]
+    _bar(plt, labels, values, "funnel", "", path("funnel.png"))
+
+    top = stats["op_frequency"][:40]
+    _bar(plt, [x["op"] for x in top], [x["tasks"] for x in top], "op frequency (top 40)", "", path("op_frequency.png"),
+         horizontal=True)
+    opt = stats["ops_per_task"]
+    _bar(plt, [str(x["num_ops"]) for x in opt], [x["tasks"] for x in opt], "ops per task", "traced ops",
+         path("ops_per_task.png"))
+    h = stats["eager_ms"]
+    _bar(plt, _hist_labels(h), [b["tasks"] for b in h["bins"]], "eager time", "ms", path("eager_ms.png"))
+    h = stats["similarity"]["ref_similarity"]
+    _bar(plt, _hist_labels(h), [b["tasks"] for b in h["bins"]], "cosine to nearest KernelBench reference", "cosine",
+         path("similarity.png"))
+    return {"files": written}

@@ -1,0 +1,252 @@
+// `opforge export` end to end on the CPU: a workspace of imported fixtures (tests/fixtures/dedup),
+// accepted by writing filter_results rows directly (the real filter is tested in test_filter.cpp)
+// and deduplicated by the real `opforge dedup`. Exports must be byte-identical across runs, their
+// manifest must checksum the shards, the dataset card must load with Hugging Face `datasets`, and
+// a workspace that dedup has not seen must be refused with a message saying what to run.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "export.h"
+#include "opforge/core/hash.h"
+#include "opforge/core/paths.h"
+#include "opforge/core/store.h"
+#include "test_support.h"
+
+using namespace opforge;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::map<std::string, json> kTracedOps = {
+    {"linear_tanh", json::array({"nn.Linear", "torch.tanh"})},
+    {"linear_tanh_renamed", json::array({"nn.Linear", "torch.tanh"})},
+    {"layernorm_gelu", json::array({"nn.LayerNorm", "F.gelu"})},
+    {"layernorm_gelu_reordered", json::array({"nn.LayerNorm", "F.gelu"})},
+    {"softmax_sum", json::array({"torch.softmax", "Tensor.sum"})},
+    {"bmm_scale_sigmoid", json::array({"torch.bmm", "torch.mul", "torch.sigmoid"})},
+    {"conv_relu_bias", json::array({"nn.Conv2d", "torch.relu", "torch.add"})},
+    {"deconv_softplus_clamp", json::array({"nn.ConvTranspose2d", "F.softplus", "torch.clamp"})},
+};
+
+// Imports the fixtures and accepts them all, with plausible metrics.
+void accepted_workspace(const fs::path& ws) {
+  auto r = test::run_opforge({"import", "--workspace", ws.string(), (test::fixtures() / "dedup" / "tasks").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  Db db(ws / "opforge.db");
+  std::vector<std::pair<std::string, std::string>> rows;
+  {
+    auto st = db.prepare("SELECT id, json_extract(provenance, '$.path') FROM tasks ORDER BY id");
+    while (st.step()) rows.emplace_back(st.text(0), fs::path(st.text(1)).stem().string());
+  }
+  db.transaction([&] {
+    int k = 0;
+    for (auto& [id, stem] : rows) {
+      json metrics = {{"device", "cpu"}, {"torch", "2.test"}, {"eager_ms", 1.5 + 7 * k++}, {"compile_ms", 1.25}};
+      auto st = db.prepare(
+          "INSERT INTO filter_results(task_id, verdict, code, ops, metrics) SELECT id, 'accepted', code, ?, ? FROM "
+          "tasks WHERE id = ?");
+      st.bind(1, kTracedOps.at(stem).dump()).bind(2, metrics.dump()).bind(3, id).run();
+    }
+  });
+}
+
+// One deduplicated workspace for the suite: import and dedup start workers, which takes seconds.
+const fs::path& deduped_workspace() {
+  static test::TempDir dir;
+  static fs::path ws = [] {
+    fs::path p = dir / "ws";
+    accepted_workspace(p);
+    auto r = test::run_opforge({"dedup", "--workspace", p.string(), "--no-kernelbench-names"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return p;
+  }();
+  return ws;
+}
+
+// Runs a shell command, returns its exit status and stdout.
+std::pair<int, std::string> shell(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {-1, out};
+  char buf[4096];
+  std::size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int rc = pclose(p);
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, out};
+}
+
+// Every file under root except the PNG plots (matplotlib does not promise their bytes), by relative path.
+std::map<std::string, std::string> tree(const fs::path& root) {
+  std::map<std::string, std::string> out;
+  for (auto& e : fs::recursive_directory_iterator(root))
+    if (e.is_regular_file() && e.path().extension() != ".png")
+      out[fs::relative(e.path(), root).string()] = test::read_file(e.path());
+  return out;
+}
+
+std::vector<json> lines(const std::string& text) {
+  std::vector<json> out;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    auto nl = text.find('\n', pos);
+    out.push_back(json::parse(text.substr(pos, nl - pos)));
+    pos = nl + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Export, SameWorkspaceGivesTheSameBytesAndTheManifestChecksumsThem) {
+  const fs::path& ws = deduped_workspace();
+  test::TempDir dir;
+  std::vector<std::string> args = {"export", "--workspace", ws.string(), "--shard-size", "4", "--test-fraction", "0.5",
+                                   "--split-seed", "7"};
+  auto a = args, b = args;
+  a.insert(a.end(), {"--out", (dir / "a").string()});
+  b.insert(b.end(), {"--out", (dir / "b").string()});
+  auto ra = test::run_opforge(a);
+  ASSERT_EQ(ra.exit_code, 0) << ra.err;
+  auto rb = test::run_opforge(b);
+  ASSERT_EQ(rb.exit_code, 0) << rb.err;
+
+  auto ta = tree(dir / "a"), tb = tree(dir / "b");
+  EXPECT_EQ(ta, tb);
+  for (auto* f : {"manifest.json", "README.md", "ops-00000-of-00002.jsonl", "ops-00001-of-00002.jsonl",
+                  "stats/funnel.json", "stats/op_frequency.json", "stats/ops_per_task.json", "stats/eager_ms.json",
+                  "stats/similarity.json"})
+    EXPECT_TRUE(ta.count(f)) << f;
+  for (auto* png : {"funnel.png", "op_frequency.png", "ops_per_task.png", "eager_ms.png", "similarity.png"})
+    EXPECT_TRUE(fs::exists(dir / "a" / "stats" / png)) << png;
+
+  // 9 files, 8 tasks (a comments-only copy merges at import), 1 exact and 1 near duplicate dropped.
+  json m = json::parse(ta.at("manifest.json"));
+  EXPECT_EQ(m["records"], 6);
+  EXPECT_EQ(m["splits"]["train"].get<long>() + m["splits"]["test"].get<long>(), 6);
+  EXPECT_EQ(m["device"], "cpu");
+  EXPECT_EQ(m["versions"]["torch"], "2.test");
+  EXPECT_EQ(m["config"]["shard_size"], 4);
+  EXPECT_FALSE(m["config"]["dedup"].is_null());
+  EXPECT_EQ(ta.at("manifest.json").find("_at\""), std::string::npos) << "no timestamps";
+  ASSERT_EQ(m["shards"].size(), 2u);
+  long total = 0;
+  std::vector<json> recs;
+  for (auto& s : m["shards"]) {
+    const std::string& bytes = ta.at(s["file"].get<std::string>());
+    EXPECT_EQ(s["xxh3"], xxh3_hex(bytes)) << s["file"];
+    auto ls = lines(bytes);
+    EXPECT_EQ(s["records"], ls.size());
+    total += static_cast<long>(ls.size());
+    recs.insert(recs.end(), ls.begin(), ls.end());
+  }
+  EXPECT_EQ(total, 6);
+  for (auto& s : m["stats"]) EXPECT_EQ(s["xxh3"], xxh3_hex(ta.at(s["file"].get<std::string>())));
+
+  for (std::size_t i = 0; i < recs.size(); ++i) {
+    const json& r = recs[i];
+    for (auto* k : {"id", "ops", "data_source", "code", "num_ops", "metrics", "provenance", "decontamination", "split"})
+      EXPECT_TRUE(r.contains(k)) << k << " in " << r.dump();
+    EXPECT_TRUE(r["ops"].is_array());
+    EXPECT_EQ(r["data_source"], "imported#" + std::to_string(r["ops"].size()));
+    EXPECT_NE(r["code"].get<std::string>().find("class Model"), std::string::npos);
+    EXPECT_EQ(r["provenance"]["backend"], "import");
+    EXPECT_TRUE(r["provenance"]["seed_ids"].is_array());
+    EXPECT_TRUE(r["decontamination"].contains("task_similarity"));
+    EXPECT_EQ(r["split"], exporter::split_of(r["id"], 7, 0.5));
+    if (i > 0) EXPECT_LT(recs[i - 1]["id"].get<std::string>(), r["id"].get<std::string>()) << "id order";
+  }
+
+  json funnel = json::parse(ta.at("stats/funnel.json"));
+  EXPECT_EQ(funnel["filter"]["accepted"], 8);
+  EXPECT_EQ(funnel["dedup"]["dropped_by_reason"], json({{"exact_duplicate", 1}, {"near_duplicate", 1}}));
+  EXPECT_EQ(funnel["exported"]["records"], 6);
+
+  std::string card = ta.at("README.md");
+  EXPECT_EQ(card.rfind("---\nconfigs:\n- config_name: default\n", 0), 0u) << card;
+  EXPECT_NE(card.find("path: \"ops-*.jsonl\""), std::string::npos) << card;
+
+  // The card is what Hugging Face `datasets` reads when pointed at the folder.
+  test::TempDir hf;
+  std::string py = python_executable().string();
+  auto [rc, out] = shell("HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 HF_HOME='" + hf.path().string() + "' '" + py +
+                         "' -c \"import datasets, sys; ds = datasets.load_dataset(sys.argv[1], split='train'); "
+                         "assert all(isinstance(o, list) for o in ds['ops']); print('rows', len(ds))\" '" +
+                         (dir / "a").string() + "' 2>&1");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("rows 6"), std::string::npos) << out;
+}
+
+TEST(Export, GzipShardsDecompressToTheSameLines) {
+  const fs::path& ws = deduped_workspace();
+  test::TempDir dir;
+  auto r = test::run_opforge({"export", "--workspace", ws.string(), "--out", (dir / "plain").string(), "--no-plots"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = test::run_opforge(
+      {"export", "--workspace", ws.string(), "--out", (dir / "gz").string(), "--gzip", "--no-plots"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = test::run_opforge(
+      {"export", "--workspace", ws.string(), "--out", (dir / "gz2").string(), "--gzip", "--no-plots"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string gz = test::read_file(dir / "gz" / "ops-00000-of-00001.jsonl.gz");
+  EXPECT_EQ(gz, test::read_file(dir / "gz2" / "ops-00000-of-00001.jsonl.gz"));
+  EXPECT_EQ(gz.substr(4, 4), std::string(4, '\0')) << "gzip mtime is 0";
+  json m = json::parse(test::read_file(dir / "gz" / "manifest.json"));
+  EXPECT_EQ(m["shards"][0]["xxh3"], xxh3_hex(gz));
+  EXPECT_NE(test::read_file(dir / "gz" / "README.md").find("path: \"ops-*.jsonl.gz\""), std::string::npos);
+
+  auto [rc, out] = shell("'" + python_executable().string() +
+                         "' -c \"import gzip, sys; sys.stdout.write(gzip.open(sys.argv[1], 'rt').read())\" '" +
+                         (dir / "gz" / "ops-00000-of-00001.jsonl.gz").string() + "'");
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(out, test::read_file(dir / "plain" / "ops-00000-of-00001.jsonl"));
+}
+
+TEST(Export, KernelBenchLayoutWritesOneRunnableFilePerRecord) {
+  const fs::path& ws = deduped_workspace();
+  test::TempDir dir;
+  auto r = test::run_opforge(
+      {"export", "--workspace", ws.string(), "--out", dir.path().string(), "--format", "kernelbench", "--no-plots"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> names;
+  for (auto& e : fs::directory_iterator(dir / "level_opforge")) {
+    names.push_back(e.path().filename().string());
+    std::string code = test::read_file(e.path());
+    EXPECT_NE(code.find("class Model"), std::string::npos) << e.path();
+    EXPECT_NE(code.find("def get_inputs"), std::string::npos) << e.path();
+  }
+  std::sort(names.begin(), names.end());
+  ASSERT_EQ(names.size(), 6u);
+  EXPECT_EQ(names[0].rfind("1_", 0), 0u) << names[0];
+  json m = json::parse(test::read_file(dir / "manifest.json"));
+  ASSERT_EQ(m["files"].size(), 6u);
+  for (auto& f : m["files"])
+    EXPECT_EQ(f["xxh3"], xxh3_hex(test::read_file(dir / f["file"].get<std::string>()))) << f["file"];
+}
+
+TEST(Export, WithoutDedupResultsItSaysToRunDedup) {
+  test::TempDir dir;
+  accepted_workspace(dir / "ws");
+  auto r = test::run_opforge({"export", "--workspace", (dir / "ws").string(), "--out", (dir / "out").string()});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("8 of 8 accepted tasks"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("run `opforge dedup --workspace"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir / "out" / "manifest.json"));
+}
+
+TEST(Export, NamesAndSplitsAreStable) {
+  EXPECT_EQ(exporter::kernelbench_name(json::array({"nn.Conv2d", "torch.relu", "Tensor.add_"})), "Conv2d_relu_add_");
+  EXPECT_EQ(exporter::kernelbench_name(json::array()), "task");
+  EXPECT_EQ(exporter::kernelbench_name(json::array({std::string(100, 'x')})).size(), 80u);
+  EXPECT_EQ(exporter::kernelbench_name(json::array({"a<b>"})), "a_b_");
+  int test = 0;
+  for (int i = 0; i < 2000; ++i) test += exporter::split_of("task" + std::to_string(i), 3, 0.25) == "test";
+  EXPECT_NEAR(test / 2000.0, 0.25, 0.04);
+  EXPECT_EQ(exporter::split_of("x", 3, 0.0), "train");
+  EXPECT_EQ(exporter::split_of("x", 3, 1.0), "test");
+}
