@@ -9,9 +9,19 @@ import os
 _META = {"Software": None}
 
 
-def _bar(plt, labels, values, title, xlabel, path, horizontal=False):
+def _bar(plt, labels, values, title, xlabel, path, horizontal=False, log=False):
     fig, ax = plt.subplots(figsize=(8, max(3, 0.25 * len(labels) + 1) if horizontal else 4))
-    if horizontal:
+    if log:
+        # Counts span thousands of seeds down to a handful of tasks: a log axis and the numbers
+        # on the bars keep the small stages visible.
+        ax.set_yscale("log")
+        bars = ax.bar(range(len(labels)), [max(v, 0.8) for v in values])
+        for b, v in zip(bars, values):
+            ax.annotate(str(v), (b.get_x() + b.get_width() / 2, max(v, 0.8)), ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(labels)))
+        ax.set_xticklabels(labels, rotation=45, ha="right", fontsize=7)
+        ax.set_ylabel("count (log)")
+    elif horizontal:
         ax.barh(range(len(labels)), values)
         ax.set_yticks(range(len(labels)))
         ax.set_yticklabels(labels, fontsize=7)
@@ -59,7 +69,7 @@ def plots(stats, out_dir):
     labels += ["candidates", "filter accepted", "filter rejected", "dedup kept", "dedup dropped", "exported"]
     values += [f["candidates"]["total"], f["filter"]["accepted"], f["filter"]["rejected"], f["dedup"]["kept"],
                f["dedup"]["dropped"], f["exported"]["records"]]
-    _bar(plt, labels, values, "funnel", "", path("funnel.png"))
+    _bar(plt, labels, values, "funnel", "", path("funnel.png"), log=True)
 
     top = stats["op_frequency"][:40]
     _bar(plt, [x["op"] for x in top], [x["tasks"] for x in top], "op frequency (top 40)", "", path("op_frequency.png"),
