@@ -19,6 +19,14 @@ from opforge.normalize import normalize_code
 
 # Ops that would make a chain random, scalar or trivial are not composed.
 EXCLUDED_CATEGORIES = {"dropout", "loss", "unclassified", "rnn", "transformer", "sparse", "attention"}
+# Pure layout/view ops compute nothing: a chain of them is no kernel worth writing, so they are
+# not sampled (the composer's own flatten adapter is added only where shapes require it).
+LAYOUT_ONLY = {
+    "torch.reshape", "torch.flatten", "torch.t", "torch.ravel", "torch.permute", "torch.transpose", "torch.movedim",
+    "torch.swapaxes", "torch.unflatten", "torch.squeeze", "torch.unsqueeze", "torch.clone", "torch.conj",
+    "torch.resolve_neg", "torch.positive", "torch.atleast_3d", "torch.narrow", "torch.select", "torch.broadcast_to",
+    "torch.expand_copy", "torch.nn.Flatten", "torch.nn.Unflatten", "torch.nn.Identity", "torch.narrow_copy",
+}
 MAX_NUMEL = 1 << 22          # an op that blows a small probe tensor past this is not chained
 MAX_INPUT_NUMEL = 1 << 25    # size targeting never asks for more input elements than this
 GOLDEN = (math.sqrt(5) - 1) / 2
@@ -39,7 +47,7 @@ class Composer:
                 continue
             spec = s.get("spec")
             outs = s.get("outputs") or []
-            if (not spec or s.get("category") in EXCLUDED_CATEGORIES or len(spec["inputs"]) != 1
+            if (not spec or s.get("category") in EXCLUDED_CATEGORIES or s["name"] in LAYOUT_ONLY or len(spec["inputs"]) != 1
                     or not spec["inputs"][0][1].startswith(("torch.randn", "torch.rand(")) or len(outs) != 1
                     or outs[0].get("dtype") != "float32" or math.prod(outs[0]["shape"]) <= 1):
                 continue
