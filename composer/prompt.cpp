@@ -1,5 +1,7 @@
 #include "prompt.h"
 
+#include "opforge/core/files.h"
+
 #include <fmt/format.h>
 
 #include <fstream>
@@ -16,14 +18,10 @@ namespace {
 
 constexpr int kMaxOps = 5;  // Ops-6K fuses at most five operators per task
 
-std::string read_text(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  OPFORGE_CHECK(in, "cannot read prompt template {}: restore it from the opforge source tree, or set "
-                "OPFORGE_HOME to a tree that has data/prompts/",
-                p.string());
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
+std::string read_template(const std::filesystem::path& p) {
+  OPFORGE_CHECK(std::filesystem::exists(p), "cannot read prompt template {}: restore it from the opforge source "
+                "tree, or set OPFORGE_HOME to a tree that has data/prompts/", p.string());
+  return opforge::read_text(p);
 }
 
 std::string_view trim(std::string_view s) {
@@ -38,7 +36,7 @@ std::filesystem::path prompt_template_path(std::string_view name) {
   return data_dir() / "prompts" / (std::string(name) + ".md");
 }
 
-std::string load_prompt_template(std::string_view name) { return read_text(prompt_template_path(name)); }
+std::string load_prompt_template(std::string_view name) { return read_template(prompt_template_path(name)); }
 
 std::string fill_prompt(std::string_view tmpl, const std::map<std::string, std::string>& vars) {
   std::string out;
@@ -83,7 +81,7 @@ ComposePrompt build_compose_prompt(const std::vector<PromptSeed>& seeds, std::st
   p.prompt = fill_prompt(load_prompt_template(template_name), vars);
   auto system_path = data_dir() / "prompts" / (std::string(template_name) + ".system.md");
   if (std::filesystem::exists(system_path)) {
-    p.system = fill_prompt(read_text(system_path), vars);
+    p.system = fill_prompt(read_template(system_path), vars);
     while (!p.system.empty() && (p.system.back() == '\n' || p.system.back() == ' ')) p.system.pop_back();
   }
   p.hash = xxh3_hex(p.system + "\n\n" + p.prompt);

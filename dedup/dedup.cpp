@@ -15,6 +15,7 @@
 #include <faiss/impl/AuxIndexStructures.h>
 
 #include "opforge/core/error.h"
+#include "opforge/core/files.h"
 #include "opforge/core/hash.h"
 #include "opforge/core/paths.h"
 #include "opforge/core/progress.h"
@@ -111,13 +112,6 @@ std::vector<float> matrix(const std::vector<Features>& fs, int dims, double ops_
   return m;
 }
 
-std::string read_text(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 std::vector<Item> load_references(const std::vector<std::filesystem::path>& dirs) {
   std::vector<Item> refs;
   for (auto& dir : dirs) {
@@ -125,10 +119,7 @@ std::vector<Item> load_references(const std::vector<std::filesystem::path>& dirs
                   "--reference {} is not a folder: give a folder of KernelBench-format .py files (e.g. a KernelBench "
                   "checkout's KernelBench/ folder)",
                   dir.string());
-    std::vector<std::filesystem::path> files;
-    for (auto& e : std::filesystem::recursive_directory_iterator(dir))
-      if (e.is_regular_file() && e.path().extension() == ".py") files.push_back(e.path());
-    std::sort(files.begin(), files.end());
+    auto files = python_files_under(dir);
     if (files.empty()) spdlog::warn("--reference {} holds no .py file", dir.string());
     for (auto& f : files) refs.push_back({std::filesystem::relative(f, dir).string(), read_text(f), nullptr});
   }

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "opforge/core/error.h"
+#include "opforge/core/files.h"
 #include "opforge/core/hash.h"
 #include "opforge/core/progress.h"
 #include "opforge/core/tasks.h"
@@ -194,8 +195,8 @@ ImportSummary import_tasks(Workspace& ws, const std::vector<std::filesystem::pat
     OPFORGE_CHECK(std::filesystem::exists(p), "{} does not exist (give KernelBench-format .py files or folders)",
                   p.string());
     if (std::filesystem::is_directory(p)) {
-      for (auto& e : std::filesystem::recursive_directory_iterator(p))
-        if (e.is_regular_file() && e.path().extension() == ".py") files.push_back(e.path());
+      auto under = python_files_under(p);
+      files.insert(files.end(), under.begin(), under.end());
     } else {
       files.push_back(p);
     }
@@ -204,12 +205,7 @@ ImportSummary import_tasks(Workspace& ws, const std::vector<std::filesystem::pat
   ImportSummary sum;
   if (files.empty()) return sum;
   json codes = json::array();
-  for (auto& f : files) {
-    std::ifstream in(f);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    codes.push_back(ss.str());
-  }
+  for (auto& f : files) codes.push_back(read_text(f));
   WorkerPoolOptions popts;
   popts.workers = 1;
   popts.log_file = ws.logs_dir() / "workers.log";

@@ -20,17 +20,7 @@ using nlohmann::json;
 
 namespace {
 
-// What tracing would have recorded for each fixture (python/opforge/tracing.py spelling).
-const std::map<std::string, json> kTracedOps = {
-    {"linear_tanh", json::array({"nn.Linear", "torch.tanh"})},
-    {"linear_tanh_renamed", json::array({"nn.Linear", "torch.tanh"})},
-    {"layernorm_gelu", json::array({"nn.LayerNorm", "F.gelu"})},
-    {"layernorm_gelu_reordered", json::array({"nn.LayerNorm", "F.gelu"})},
-    {"softmax_sum", json::array({"torch.softmax", "Tensor.sum"})},
-    {"bmm_scale_sigmoid", json::array({"torch.bmm", "torch.mul", "torch.sigmoid"})},
-    {"conv_relu_bias", json::array({"nn.Conv2d", "torch.relu", "torch.add"})},
-    {"deconv_softplus_clamp", json::array({"nn.ConvTranspose2d", "F.softplus", "torch.clamp"})},
-};
+const std::map<std::string, json>& kTracedOps = test::dedup_fixture_ops();
 
 // Imports the fixture tasks and accepts them all; returns the import's stderr.
 std::string accepted_workspace(const std::filesystem::path& ws) {

@@ -23,16 +23,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::map<std::string, json> kTracedOps = {
-    {"linear_tanh", json::array({"nn.Linear", "torch.tanh"})},
-    {"linear_tanh_renamed", json::array({"nn.Linear", "torch.tanh"})},
-    {"layernorm_gelu", json::array({"nn.LayerNorm", "F.gelu"})},
-    {"layernorm_gelu_reordered", json::array({"nn.LayerNorm", "F.gelu"})},
-    {"softmax_sum", json::array({"torch.softmax", "Tensor.sum"})},
-    {"bmm_scale_sigmoid", json::array({"torch.bmm", "torch.mul", "torch.sigmoid"})},
-    {"conv_relu_bias", json::array({"nn.Conv2d", "torch.relu", "torch.add"})},
-    {"deconv_softplus_clamp", json::array({"nn.ConvTranspose2d", "F.softplus", "torch.clamp"})},
-};
+const std::map<std::string, json>& kTracedOps = test::dedup_fixture_ops();
 
 // Imports the fixtures and accepts them all, with plausible metrics.
 void accepted_workspace(const fs::path& ws) {

@@ -104,4 +104,19 @@ void write_file(const std::filesystem::path& p, const std::string& text) {
 
 std::filesystem::path fixtures() { return OPFORGE_FIXTURES; }
 
+const std::map<std::string, nlohmann::json>& dedup_fixture_ops() {
+  using nlohmann::json;
+  static const std::map<std::string, json> ops = {
+      {"linear_tanh", json::array({"nn.Linear", "torch.tanh"})},
+      {"linear_tanh_renamed", json::array({"nn.Linear", "torch.tanh"})},
+      {"layernorm_gelu", json::array({"nn.LayerNorm", "F.gelu"})},
+      {"layernorm_gelu_reordered", json::array({"nn.LayerNorm", "F.gelu"})},
+      {"softmax_sum", json::array({"torch.softmax", "Tensor.sum"})},
+      {"bmm_scale_sigmoid", json::array({"torch.bmm", "torch.mul", "torch.sigmoid"})},
+      {"conv_relu_bias", json::array({"nn.Conv2d", "torch.relu", "torch.add"})},
+      {"deconv_softplus_clamp", json::array({"nn.ConvTranspose2d", "F.softplus", "torch.clamp"})},
+  };
+  return ops;
+}
+
 }  // namespace opforge::test

@@ -2,7 +2,10 @@
 #pragma once
 #include <sys/types.h>
 
+#include <nlohmann/json.hpp>
+
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -37,5 +40,7 @@ bool kill_when(pid_t pid, const std::filesystem::path& db, const std::string& co
 std::string read_file(const std::filesystem::path& p);
 void write_file(const std::filesystem::path& p, const std::string& text);
 std::filesystem::path fixtures();
+// What tracing would record for each task of fixtures/dedup/tasks (tracing.py spelling), by stem.
+const std::map<std::string, nlohmann::json>& dedup_fixture_ops();
 
 }  // namespace opforge::test
