@@ -24,6 +24,9 @@ HANDLERS = {
     "judge": "opforge.filter:judge",
     "features": "opforge.features:features",
     "plots": "opforge.plots:plots",
+    "eval_compile": "opforge.evaluate:eval_compile",
+    "eval_solution": "opforge.evaluate:eval_solution",
+    "eval_plots": "opforge.eval_plots:eval_plots",
 }
 
 
