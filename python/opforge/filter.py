@@ -61,8 +61,11 @@ def _guard(reason, fn):
         raise Reject(reason, f"{type(e).__name__}: {str(e)[:1500]}") from None
 
 
-def eager_checks(code, device, rtol, atol):
-    """Load, run and check everything but timing and compile. Returns (module, model, inputs, out)."""
+def eager_checks(code, device, rtol, atol, gpu_lock=None):
+    """Load, run and check everything but timing and compile. Returns (module, model, inputs, out).
+
+    Loading and building run unlocked (CPU work); the GPU runs hold gpu_lock shared, so they go
+    beside a neighbour's checks but never inside a neighbour's timed region."""
     try:
         mod = T.load_module(code)
     except T.TaskError as e:
@@ -80,6 +83,11 @@ def eager_checks(code, device, rtol, atol):
         with torch.no_grad(), tracer:  # only the model's own calls are traced
             return model(*xs)
 
+    with timing.shared(gpu_lock):
+        return _run_checks(model, inputs_a, inputs_b, first, mod, tracer)
+
+
+def _run_checks(model, inputs_a, inputs_b, first, mod, tracer):
     out_a = _leaves(_guard("eager_error", first))
     for t in out_a:
         if t.is_floating_point() or t.is_complex():
@@ -160,10 +168,8 @@ def _judge(code, device="cpu", min_ms=1.0, max_ms=100.0, calibrate=True, free_si
     original = code
     try:
         for step in range(MAX_CALIBRATION_STEPS + 1):
-            # GPU work of the checks also waits for the device's timing lock (it is short), so
-            # a neighbour's timed region never shares the GPU with it.
-            with timing.exclusive(timing_lock if device.startswith("cuda") else None):
-                mod, model, inputs, out, ops = eager_checks(code, device, rtol, atol)
+            mod, model, inputs, out, ops = eager_checks(code, device, rtol, atol,
+                                                        timing_lock if device.startswith("cuda") else None)
             eager = _guard("eager_error", lambda: timing.time_fn(lambda: _run(model, inputs), device, trials=trials,
                                                                  lock_path=timing_lock))
             med = eager["median_ms"]

@@ -19,18 +19,46 @@ _perf = time.perf_counter
 
 
 @contextlib.contextmanager
-def exclusive(lock_path):
-    """Holds an advisory lock on lock_path (one timer per device across processes)."""
-    if not lock_path:
-        yield
-        return
-    os.makedirs(os.path.dirname(lock_path) or ".", exist_ok=True)
-    with open(lock_path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+def _flock(path, mode):
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "a") as f:
+        fcntl.flock(f, mode)
         try:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# A fair reader/writer lock per device made of two flocks. Timers are writers: they hold the
+# device alone. Other GPU work (the checks, the agreement run) are readers: they run beside each
+# other but never inside a neighbour's timed region. flock alone has no writer preference, so
+# eight busy readers could starve a timer; the turnstile fixes that: a waiting writer holds it,
+# new readers queue behind it, and the writer gets the device once the running readers finish.
+@contextlib.contextmanager
+def exclusive(lock_path):
+    """Holds lock_path's device alone (one timer per device across processes)."""
+    if not lock_path:
+        yield
+        return
+    with _flock(lock_path + ".turnstile", fcntl.LOCK_EX):
+        cm = _flock(lock_path, fcntl.LOCK_EX)
+        cm.__enter__()
+    try:
+        yield
+    finally:
+        cm.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def shared(lock_path):
+    """Runs GPU work beside other readers, but never while a timer holds the device."""
+    if not lock_path:
+        yield
+        return
+    with _flock(lock_path + ".turnstile", fcntl.LOCK_EX):
+        pass
+    with _flock(lock_path, fcntl.LOCK_SH):
+        yield
 
 
 def _flush_l2(device):
