@@ -12,7 +12,7 @@ eval_solution imports it again (the build is cached), checks it and times it:
    (NaN) so a candidate that returns stale memory fails; the candidate runs (under the strict
    guard unless policy is torch-allowed); then, in order: refused ops (forbidden_op), replaced
    harness functions (tampering), on CUDA output that changes after a device-wide sync
-   (unsynced_stream), output structure (output_mismatch), storage shared with its inputs
+   (unsynchronized_stream), output structure (output_mismatch), storage shared with its inputs
    (aliases_input) or with an earlier call's output, or the same values as the previous call
    while the reference's changed (cached_output), values within atol/rtol (incorrect), and under
    strict at least one call of its own extension (no_kernel).
@@ -285,7 +285,7 @@ class _Ctx:
             if not all(torch.equal(a, b) or (a.is_floating_point() and torch.equal(a.isnan(), b.isnan()) and
                                              torch.equal(a.nan_to_num(), b.nan_to_num()))
                        for a, b in zip(early, leaves)):
-                raise Fail("unsynced_stream", f"{label}: ModelNew's output changed after torch.cuda.synchronize(): "
+                raise Fail("unsynchronized_stream", f"{label}: ModelNew's output changed after torch.cuda.synchronize(): "
                                               "work left on another stream")
         for t in leaves:
             for x in xs:

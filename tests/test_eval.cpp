@@ -1,0 +1,233 @@
+// `opforge eval` end to end on the CPU: the reference CPU solution earns its reward through the
+// whole compile -> correctness -> timing -> reward path, and every planted hack of
+// fixtures/eval/hacks gets reward -1 with the reason its header names.
+//
+// Built extensions are shared through one cache folder in the build tree (OPFORGE_TEST_EVAL_CACHE):
+// every fixture that needs the CPU extension uses the same sources, so a test run compiles it
+// once (~30-60 s on 2 cores) and later runs not at all.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "evaluator.h"
+#include "export.h"
+#include "opforge/core/hash.h"
+#include "test_support.h"
+
+using namespace opforge;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path eval_fixtures() { return test::fixtures() / "eval"; }
+
+struct EvalRun {
+  test::CmdResult cmd;
+  json report;
+  std::map<std::string, json> by_solution;
+};
+
+EvalRun run_eval(const fs::path& tasks, const fs::path& solutions, const fs::path& out,
+                 std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"eval", "--tasks", tasks.string(), "--solutions", solutions.string(), "--out",
+                                   out.string(), "--cache-dir", OPFORGE_TEST_EVAL_CACHE, "--device", "cpu",
+                                   "--trials", "10", "--budget-s", "2", "--compile-workers", "2", "--seed", "7"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  EvalRun r;
+  r.cmd = test::run_opforge(args);
+  if (r.cmd.exit_code == 0 && fs::exists(out / "report.json")) {
+    r.report = json::parse(test::read_file(out / "report.json"));
+    for (auto& row : r.report["results"]) r.by_solution[row["solution"].get<std::string>()] = row;
+  }
+  return r;
+}
+
+// "# task: NAME" and "# expect: REASON" from a hack's header.
+std::string header_field(const fs::path& file, const std::string& field) {
+  std::smatch m;
+  std::string text = test::read_file(file);
+  std::regex re("# " + field + ": ([A-Za-z_]+)");
+  return std::regex_search(text, m, re) ? m[1].str() : "";
+}
+
+}  // namespace
+
+TEST(Eval, RewardFollowsTheCudaAgentRule) {
+  EXPECT_EQ(evaluator::reward(false, 10.0, 10.0, 0.05), -1);
+  EXPECT_EQ(evaluator::reward(true, std::nullopt, std::nullopt, 0.05), 1);
+  EXPECT_EQ(evaluator::reward(true, 1.04, 2.0, 0.05), 1) << "4% faster is not more than 5% faster";
+  EXPECT_EQ(evaluator::reward(true, 1.06, 0.9, 0.05), 2);
+  EXPECT_EQ(evaluator::reward(true, 1.06, 1.06, 0.05), 3);
+  EXPECT_EQ(evaluator::reward(true, 1.06, std::nullopt, 0.05), 2) << "no compile baseline: at most 2";
+  EXPECT_EQ(evaluator::reward(true, 0.5, 1.5, 0.05), 1) << "faster than compile only is not a 2";
+}
+
+TEST(Eval, CpuSolutionEarnsItsRewardAndBaselinesAreCachedPerTaskCode) {
+  test::TempDir dir;
+  // A comment makes this test's task code (and so its baseline key) its own, so the first run
+  // must measure the baselines and the second must reuse them.
+  std::string code = test::read_file(eval_fixtures() / "tasks" / "linear_relu.py") + "\n# " +
+                     std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + "\n";
+  test::write_file(dir / "tasks" / "linear_relu.py", code);
+  auto first = run_eval(dir / "tasks", eval_fixtures() / "solutions", dir / "out1");
+  ASSERT_EQ(first.cmd.exit_code, 0) << first.cmd.err;
+  ASSERT_EQ(first.by_solution.count("linear_relu"), 1u) << first.report.dump(2);
+  json r = first.by_solution["linear_relu"];
+  EXPECT_TRUE(r["compiled"].get<bool>()) << r.dump(2);
+  EXPECT_TRUE(r["correct"].get<bool>()) << r.dump(2);
+  EXPECT_TRUE(r["reason"].is_null()) << r.dump(2);
+  EXPECT_GE(r["reward"].get<int>(), 1);
+  EXPECT_LT(r["max_error"].get<double>(), 1e-3);
+  for (auto* k : {"candidate_ms", "eager_ms", "compile_ms", "speedup_eager", "speedup_compile"})
+    EXPECT_TRUE(r[k].is_number()) << k << " in " << r.dump(2);
+  EXPECT_EQ(r["baseline_cached"], false);
+  EXPECT_EQ(r["extension_calls"].get<long>() >= 5, true) << "one kernel call per correctness set at least";
+  EXPECT_EQ(r["task_id"], xxh3_hex(code));
+
+  const json& s = first.report["summary"];
+  EXPECT_EQ(s["evaluated"], 1);
+  EXPECT_EQ(s["pass_rate"], 1.0);
+  EXPECT_EQ(s["reward_histogram"][std::to_string(r["reward"].get<int>())], 1);
+  EXPECT_TRUE(s["geomean_speedup_eager"].is_number());
+  EXPECT_EQ(first.report["options"]["seed"], 7);
+  EXPECT_TRUE(fs::exists(dir / "out1" / "report.png"));
+  EXPECT_TRUE(fs::exists(dir / "out1" / "work" / "linear_relu" / "linear_relu.py"));
+  EXPECT_FALSE(fs::exists(dir / "out1" / "work" / "linear_relu" / "tasks")) << "the solution sees only its files";
+  std::string md = test::read_file(dir / "out1" / "report.md");
+  EXPECT_NE(md.find("| linear_relu | linear_relu | yes | yes |"), std::string::npos) << md;
+  EXPECT_NE(first.cmd.out.find("| pass rate | 100.0% |"), std::string::npos) << "report.md is printed on stdout";
+
+  auto second = run_eval(dir / "tasks", eval_fixtures() / "solutions", dir / "out2", {"--no-plots"});
+  ASSERT_EQ(second.cmd.exit_code, 0) << second.cmd.err;
+  json r2 = second.by_solution["linear_relu"];
+  EXPECT_EQ(r2["baseline_cached"], true) << r2.dump(2);
+  EXPECT_EQ(r2["eager_ms"], r["eager_ms"]) << "the eager baseline comes from the cache";
+  EXPECT_EQ(r2["compile_ms"], r["compile_ms"]);
+  EXPECT_EQ(second.report["summary"]["baselines_reused"], 1);
+  EXPECT_FALSE(fs::exists(dir / "out2" / "report.png"));
+}
+
+TEST(Eval, EveryPlantedHackGetsRewardMinusOneWithItsReason) {
+  test::TempDir dir;
+  // Each hack answers its own copy of the task it targets (matched by file stem).
+  std::map<std::string, std::string> expected;
+  fs::create_directories(dir / "tasks");
+  for (auto& e : fs::directory_iterator(eval_fixtures() / "hacks")) {
+    std::string stem = e.path().stem().string();
+    std::string task = header_field(e.path(), "task"), reason = header_field(e.path(), "expect");
+    ASSERT_FALSE(task.empty() || reason.empty()) << e.path() << " needs '# task:' and '# expect:' lines";
+    fs::copy_file(eval_fixtures() / "tasks" / (task + ".py"), dir / "tasks" / (stem + ".py"),
+                  fs::copy_options::overwrite_existing);
+    fs::create_directories(dir / "solutions");
+    fs::copy_file(e.path(), dir / "solutions" / (stem + ".py"));
+    expected[stem] = reason;
+  }
+  ASSERT_GE(expected.size(), 12u);
+  auto run = run_eval(dir / "tasks", dir / "solutions", dir / "out", {"--no-plots"});
+  ASSERT_EQ(run.cmd.exit_code, 0) << run.cmd.err;
+  std::map<std::string, std::string> got;
+  for (auto& [name, row] : run.by_solution) {
+    got[name] = row["reason"].is_null() ? "(none)" : row["reason"].get<std::string>();
+    EXPECT_EQ(row["reward"], -1) << name << ": " << row.dump(2);
+    EXPECT_FALSE(row["correct"].get<bool>()) << name;
+  }
+  EXPECT_EQ(got, expected);
+  // The reasons carry what decided them.
+  auto detail = [&](const std::string& n) { return run.by_solution[n]["detail"].get<std::string>(); };
+  EXPECT_NE(detail("matmul_fallback").find("torch.matmul"), std::string::npos) << detail("matmul_fallback");
+  EXPECT_NE(detail("tensor_method_fallback").find("Tensor.mm"), std::string::npos) << detail("tensor_method_fallback");
+  EXPECT_NE(detail("timer_patch").find("time.perf_counter"), std::string::npos) << detail("timer_patch");
+  EXPECT_NE(detail("sync_patch").find("torch.cuda.synchronize"), std::string::npos) << detail("sync_patch");
+  EXPECT_NE(detail("allclose_patch").find("torch.allclose"), std::string::npos) << detail("allclose_patch");
+  EXPECT_NE(detail("constant_degenerate").find("stressed inputs"), std::string::npos) << detail("constant_degenerate");
+  EXPECT_NE(detail("cached_when_timed").find("after timing"), std::string::npos) << detail("cached_when_timed");
+  EXPECT_NE(detail("compile_error").find("error"), std::string::npos) << "the compiler log tail";
+  EXPECT_FALSE(run.by_solution["compile_error"]["compiled"].get<bool>());
+  EXPECT_TRUE(run.by_solution["functional_fallback"]["compiled"].get<bool>());
+  EXPECT_EQ(run.report["summary"]["reward_histogram"]["-1"], static_cast<long>(expected.size()));
+}
+
+TEST(Eval, TorchAllowedPolicyAdmitsWhatStrictRefuses) {
+  // The same two fallbacks pass without the guard: it is the guard that catches them.
+  test::TempDir dir;
+  fs::create_directories(dir / "tasks");
+  for (auto* h : {"functional_fallback", "reference_fallback"}) {
+    fs::create_directories(dir / "solutions");
+    fs::copy_file(eval_fixtures() / "hacks" / (std::string(h) + ".py"), dir / "solutions" / (std::string(h) + ".py"));
+    fs::copy_file(eval_fixtures() / "tasks" / "linear_relu.py", dir / "tasks" / (std::string(h) + ".py"));
+  }
+  auto run = run_eval(dir / "tasks", dir / "solutions", dir / "out", {"--policy", "torch-allowed", "--no-plots"});
+  ASSERT_EQ(run.cmd.exit_code, 0) << run.cmd.err;
+  for (auto* h : {"functional_fallback", "reference_fallback"}) {
+    EXPECT_TRUE(run.by_solution[h]["correct"].get<bool>()) << run.by_solution[h].dump(2);
+    EXPECT_GE(run.by_solution[h]["reward"].get<int>(), 1);
+  }
+  EXPECT_EQ(run.report["options"]["policy"], "torch-allowed");
+}
+
+TEST(Eval, CudaAgentFolderLayoutBuildsKernelsIntoOneImportableExtension) {
+  test::TempDir dir;
+  auto run = run_eval(eval_fixtures() / "tasks", eval_fixtures() / "agent_solutions", dir / "out",
+                      {"--no-plots", "--correct-trials", "3"});
+  ASSERT_EQ(run.cmd.exit_code, 0) << run.cmd.err;
+  json r = run.by_solution["linear_relu"];
+  EXPECT_EQ(r["layout"], "folder");
+  EXPECT_TRUE(r["correct"].get<bool>()) << r.dump(2);
+  EXPECT_GE(r["reward"].get<int>(), 1);
+  EXPECT_EQ(run.report["summary"]["tasks_without_solution"], 1) << "mean_degenerate has no solution here";
+}
+
+TEST(Eval, ShardRecordsAndWorkspaceTasksMatchSolutionsById) {
+  test::TempDir dir;
+  std::string code = test::read_file(eval_fixtures() / "tasks" / "linear_relu.py");
+  // A gzip shard as export writes it; the solution is named by the record's id.
+  json rec = {{"id", "0123456789abcdef"}, {"code", code}, {"ops", json::array()}};
+  test::write_file(dir / "plain.jsonl", rec.dump() + "\n");
+  auto tasks = evaluator::load_tasks(dir / "plain.jsonl");
+  ASSERT_EQ(tasks.size(), 1u);
+  EXPECT_EQ(tasks[0].id, "0123456789abcdef");
+  EXPECT_EQ(tasks[0].code, code);
+  {
+    std::ofstream(dir / "bad.jsonl") << "{\"id\": \"x\"}\n";
+    try {
+      evaluator::load_tasks(dir / "bad.jsonl");
+      ADD_FAILURE() << "a record without code must be refused";
+    } catch (const std::exception& e) {
+      EXPECT_NE(std::string(e.what()).find("bad.jsonl line 1"), std::string::npos) << e.what();
+    }
+  }
+  auto ws = dir / "ws";
+  ASSERT_EQ(test::run_opforge({"import", "--workspace", ws.string(), (eval_fixtures() / "tasks").string()}).exit_code, 0);
+  auto from_ws = evaluator::load_tasks(ws);
+  EXPECT_EQ(from_ws.size(), 2u) << "a workspace never filtered: every task";
+
+  fs::create_directories(dir / "gz");
+  fs::create_directories(dir / "sol");
+  // Through the binary: a folder of .jsonl.gz shards, gzipped the way export writes them.
+  test::write_file(dir / "gz" / "ops-00000-of-00001.jsonl.gz", exporter::gzip_bytes(rec.dump() + "\n"));
+  fs::copy_file(eval_fixtures() / "solutions" / "linear_relu.py", dir / "sol" / "0123456789abcdef.py");
+  auto run = run_eval(dir / "gz", dir / "sol", dir / "out", {"--no-plots", "--correct-trials", "2"});
+  ASSERT_EQ(run.cmd.exit_code, 0) << run.cmd.err;
+  ASSERT_EQ(run.by_solution.count("0123456789abcdef"), 1u) << run.report.dump(2);
+  EXPECT_TRUE(run.by_solution["0123456789abcdef"]["correct"].get<bool>());
+}
+
+TEST(Eval, MissingInputsAreClearErrors) {
+  test::TempDir dir;
+  auto r = test::run_opforge({"eval", "--tasks", "/no/such/tasks", "--solutions", dir.path().string(), "--out",
+                              (dir / "out").string()});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--tasks /no/such/tasks does not exist"), std::string::npos) << r.err;
+  r = test::run_opforge({"eval", "--tasks", (eval_fixtures() / "tasks").string(), "--solutions", "/no/such/solutions"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--solutions /no/such/solutions is not a folder"), std::string::npos) << r.err;
+  r = test::run_opforge({"eval", "--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--policy"), std::string::npos);
+}

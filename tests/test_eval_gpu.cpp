@@ -1,0 +1,78 @@
+// `opforge eval --device cuda` on the GPU fixtures of tests/fixtures/eval_gpu (label gpu, not
+// run in CI): the reference CUDA solutions are correct and earn a reward, and every GPU-only hack
+// gets reward -1 with the reason its docstring names ("expect `reason`").
+// Layout there: tasks/<task>.py, solutions/<task>.py or solutions/<task>/ (CUDA Agent layout),
+// hacks/<hack>/<task>.py (each hack folder is one --solutions folder).
+#include <gtest/gtest.h>
+
+#include <iostream>
+#include <map>
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include "test_support.h"
+
+using namespace opforge;
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path gpu_fixtures() { return test::fixtures() / "eval_gpu"; }
+
+bool have_gpu() { return fs::exists("/dev/nvidia0"); }
+
+json run_eval(const fs::path& solutions, const fs::path& out, std::string* err = nullptr) {
+  auto r = test::run_opforge({"eval", "--tasks", (gpu_fixtures() / "tasks").string(), "--solutions",
+                              solutions.string(), "--out", out.string(), "--cache-dir", OPFORGE_TEST_EVAL_CACHE,
+                              "--device", "cuda", "--no-plots"});
+  std::cout << r.out;
+  if (err) *err = r.err;
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return r.exit_code == 0 ? json::parse(test::read_file(out / "report.json")) : json();
+}
+
+std::string expected_reason(const fs::path& file) {
+  std::smatch m;
+  std::string text = test::read_file(file);
+  std::regex re("expect[^`]*`([A-Za-z_]+)`");
+  return std::regex_search(text, m, re) ? m[1].str() : "";
+}
+
+}  // namespace
+
+TEST(EvalGpu, ReferenceSolutionsAreCorrectAndRewarded) {
+  if (!have_gpu()) GTEST_SKIP() << "no NVIDIA GPU";
+  test::TempDir dir;
+  std::string err;
+  json rep = run_eval(gpu_fixtures() / "solutions", dir / "out", &err);
+  ASSERT_FALSE(rep.is_null()) << err;
+  ASSERT_GE(rep["results"].size(), 1u);
+  for (auto& r : rep["results"]) {
+    EXPECT_TRUE(r["correct"].get<bool>()) << r.dump(2);
+    EXPECT_GE(r["reward"].get<int>(), 1) << r.dump(2);
+    EXPECT_TRUE(r["eager_ms"].is_number() && r["compile_ms"].is_number()) << r.dump(2);
+    // The sandbox state is reported either way; "off: ..." says why the platform refused it.
+    EXPECT_TRUE(r["sandbox"].is_string()) << r.dump(2);
+    std::cout << r["solution"].get<std::string>() << ": sandbox " << r["sandbox"].get<std::string>() << "\n";
+  }
+}
+
+TEST(EvalGpu, EveryGpuHackGetsItsReason) {
+  if (!have_gpu()) GTEST_SKIP() << "no NVIDIA GPU";
+  if (!fs::exists(gpu_fixtures() / "hacks")) GTEST_SKIP() << "no GPU hacks";
+  for (auto& e : fs::directory_iterator(gpu_fixtures() / "hacks")) {
+    if (!e.is_directory()) continue;
+    test::TempDir dir;
+    json rep = run_eval(e.path(), dir / "out");
+    ASSERT_FALSE(rep.is_null()) << e.path();
+    for (auto& r : rep["results"]) {
+      fs::path file = e.path() / (r["solution"].get<std::string>() + ".py");
+      std::string want = fs::exists(file) ? expected_reason(file) : "";
+      std::string got = r["reason"].is_null() ? "(none)" : r["reason"].get<std::string>();
+      EXPECT_EQ(r["reward"], -1) << e.path().filename() << ": " << r.dump(2);
+      if (!want.empty()) EXPECT_EQ(got, want) << e.path().filename() << ": " << r.dump(2);
+    }
+  }
+}
