@@ -83,7 +83,12 @@ void read_workspace(const fs::path& dir, std::vector<EvalTask>& out) {
   Db db(dir / "opforge.db");
   OPFORGE_CHECK(has_table(db, "tasks"), "{} has no tasks table: compose or import tasks first", dir.string());
   std::string sql = "SELECT t.id, t.code FROM tasks t ORDER BY t.id";
+  bool filtered = false;
   if (has_table(db, "filter_results")) {
+    auto st = db.prepare("SELECT 1 FROM filter_results LIMIT 1");
+    filtered = st.step();
+  }
+  if (filtered) {
     // The filter's code is the calibrated one it timed: what export would ship.
     sql = "SELECT t.id, coalesce(f.code, t.code) FROM tasks t JOIN filter_results f ON f.task_id = t.id "
           "WHERE f.verdict = 'accepted'";

@@ -237,7 +237,7 @@ def _targets():
         "torch.nn.Module.eval": (torch.nn.Module, "eval"),
         "torch.no_grad": (torch, "no_grad"), "torch.compile": (torch, "compile"),
         "opforge.timing.time_fn": (timing, "time_fn"), "opforge.timing._flush_l2": (timing, "_flush_l2"),
-        "opforge.timing.exclusive": (timing, "exclusive"),
+        "opforge.timing.exclusive": (timing, "exclusive"), "opforge.timing.shared": (timing, "shared"),
         "StrictGuard.__enter__": (StrictGuard, "__enter__"), "StrictGuard.__exit__": (StrictGuard, "__exit__"),
         "_FunctionGuard.__torch_function__": (_FunctionGuard, "__torch_function__"),
         "_DispatchGuard.__torch_dispatch__": (_DispatchGuard, "__torch_dispatch__"),

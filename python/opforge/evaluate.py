@@ -384,16 +384,20 @@ def _evaluate(result, snap, task_code, solution_dir, entry, layout, cache_dir, d
 
     guard = StrictGuard() if policy == "strict" else NoGuard()
     ctx = _Ctx(ref_mod, ref, new, guard, calls, snap, device, policy, atol, rtol)
+    # Checks share the GPU with other workers' checks, never with a neighbour's timed region.
+    check_lock = timing_lock if device.startswith("cuda") else None
     refs = []
-    for k in range(correct_trials):
-        inputs = T.make_inputs(ref_mod, device, seed=seed + 1 + k)
-        refs.append(ctx.one(inputs, f"input set {k + 1}"))
-    if len(refs) > 1 and all(_close(r, refs[0], atol, rtol)[0] for r in refs[1:]):
-        # Every input set gave the same output within tolerance: a constant would have passed.
-        inputs = _stress(T.make_inputs(ref_mod, device, seed=seed + 1))
-        stressed = ctx.one(inputs, "stressed inputs (x*4+1), since the task's outputs look constant", stressed=True)
-        if _close(stressed, refs[0], atol, rtol)[0]:
-            result["flags"].append("degenerate_task")
+    with timing.shared(check_lock):
+        for k in range(correct_trials):
+            inputs = T.make_inputs(ref_mod, device, seed=seed + 1 + k)
+            refs.append(ctx.one(inputs, f"input set {k + 1}"))
+        if len(refs) > 1 and all(_close(r, refs[0], atol, rtol)[0] for r in refs[1:]):
+            # Every input set gave the same output within tolerance: a constant would have passed.
+            inputs = _stress(T.make_inputs(ref_mod, device, seed=seed + 1))
+            stressed = ctx.one(inputs, "stressed inputs (x*4+1), since the task's outputs look constant",
+                               stressed=True)
+            if _close(stressed, refs[0], atol, rtol)[0]:
+                result["flags"].append("degenerate_task")
     result["max_error"] = ctx.max_error
     result["extension_calls"] = calls.count
 
@@ -422,15 +426,17 @@ def _evaluate(result, snap, task_code, solution_dir, entry, layout, cache_dir, d
             pass
     del last[:]
     # One more fresh input set after timing: behaviour that changes with the call count shows.
-    ctx.one(T.make_inputs(ref_mod, device, seed=seed + 2000), "a fresh input set after timing")
+    with timing.shared(check_lock):
+        ctx.one(T.make_inputs(ref_mod, device, seed=seed + 2000), "a fresh input set after timing")
     result["correct"] = True
     if need_baselines:
-        result["eager"], result["compile"], note = baselines(ref, inputs, device, trials, budget_s, timing_lock)
+        result["eager"], result["compile"], note = baselines(ref, inputs, device, trials, budget_s, timing_lock,
+                                                             check_lock)
         if note:
             result["detail"] = note
 
 
-def baselines(ref, inputs, device, trials, budget_s, timing_lock):
+def baselines(ref, inputs, device, trials, budget_s, timing_lock, check_lock=None):
     """Eager and torch.compile of the reference, timed exactly like the candidate. A compile
     failure leaves compile None (the reward then cannot reach 3) with a note."""
     def run(m):
@@ -441,7 +447,8 @@ def baselines(ref, inputs, device, trials, budget_s, timing_lock):
     note = ""
     try:
         compiled = torch.compile(ref)
-        run(compiled)
+        with timing.shared(check_lock):
+            run(compiled)  # compiles: GPU work beside other checks, not in a timed region
         comp = timing.time_fn(lambda: run(compiled), device, trials=trials, budget_s=budget_s, lock_path=timing_lock)
     except Exception as e:  # noqa: BLE001
         comp = None
