@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
   opforge::cli::add_tasks(app, run);
   opforge::cli::add_dedup(app, run);
   opforge::cli::add_export(app, run);
+  opforge::cli::add_run(app, run);
   opforge::cli::add_status(app, run);
   opforge::cli::add_eval(app, run);
   opforge::cli::add_worker(app, run);

@@ -60,18 +60,6 @@ const fs::path& deduped_workspace() {
   return ws;
 }
 
-// Runs a shell command, returns its exit status and stdout.
-std::pair<int, std::string> shell(const std::string& cmd) {
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return {-1, out};
-  char buf[4096];
-  std::size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
-  int rc = pclose(p);
-  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, out};
-}
-
 // Every file under root except the PNG plots (matplotlib does not promise their bytes), by relative path.
 std::map<std::string, std::string> tree(const fs::path& root) {
   std::map<std::string, std::string> out;
@@ -165,7 +153,7 @@ TEST(Export, SameWorkspaceGivesTheSameBytesAndTheManifestChecksumsThem) {
   // The card is what Hugging Face `datasets` reads when pointed at the folder.
   test::TempDir hf;
   std::string py = python_executable().string();
-  auto [rc, out] = shell("HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 HF_HOME='" + hf.path().string() + "' '" + py +
+  auto [rc, out] = test::shell("HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 HF_HOME='" + hf.path().string() + "' '" + py +
                          "' -c \"import datasets, sys; ds = datasets.load_dataset(sys.argv[1], split='train'); "
                          "assert all(isinstance(o, list) for o in ds['ops']); print('rows', len(ds))\" '" +
                          (dir / "a").string() + "' 2>&1");
@@ -191,7 +179,7 @@ TEST(Export, GzipShardsDecompressToTheSameLines) {
   EXPECT_EQ(m["shards"][0]["xxh3"], xxh3_hex(gz));
   EXPECT_NE(test::read_file(dir / "gz" / "README.md").find("path: \"ops-*.jsonl.gz\""), std::string::npos);
 
-  auto [rc, out] = shell("'" + python_executable().string() +
+  auto [rc, out] = test::shell("'" + python_executable().string() +
                          "' -c \"import gzip, sys; sys.stdout.write(gzip.open(sys.argv[1], 'rt').read())\" '" +
                          (dir / "gz" / "ops-00000-of-00001.jsonl.gz").string() + "'");
   ASSERT_EQ(rc, 0);

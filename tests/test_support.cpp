@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <signal.h>
 #include <thread>
@@ -87,6 +88,17 @@ bool kill_when(pid_t pid, const std::filesystem::path& db, const std::string& co
   if (!killed) kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);
   return killed;
+}
+
+std::pair<int, std::string> shell(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {-1, out};
+  char buf[4096];
+  std::size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int rc = pclose(p);
+  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, out};
 }
 
 std::string read_file(const std::filesystem::path& p) {

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace opforge::test {
@@ -36,6 +37,9 @@ pid_t spawn_opforge(const std::vector<std::string>& args);
 // Polls count_sql on the database until it answers at least `at_least`, then SIGKILLs pid and
 // reaps it. Returns false (after reaping) when pid ended or max_s passed first.
 bool kill_when(pid_t pid, const std::filesystem::path& db, const std::string& count_sql, long at_least, int max_s);
+
+// Runs a shell command; returns its exit status and stdout.
+std::pair<int, std::string> shell(const std::string& cmd);
 
 std::string read_file(const std::filesystem::path& p);
 void write_file(const std::filesystem::path& p, const std::string& text);
