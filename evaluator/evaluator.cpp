@@ -438,6 +438,9 @@ json evaluate(const EvalOptions& o) {
         int gpu = i % gpus;
         e["CUDA_VISIBLE_DEVICES"] = std::to_string(gpu);
         e["OPFORGE_TIMING_LOCK"] = (fs::absolute(cache) / "locks" / ("gpu" + std::to_string(gpu) + ".lock")).string();
+        // The side-stream check reads the whole device as idle or busy: it holds only when this
+        // worker is the GPU's one evaluator.
+        e["OPFORGE_WORKERS_ON_GPU"] = std::to_string((p.workers + gpus - 1 - gpu) / gpus);
       } else {
         e["CUDA_VISIBLE_DEVICES"] = "";
         e["OPFORGE_TIMING_LOCK"] = (fs::absolute(cache) / "locks" / "cpu.lock").string();

@@ -61,6 +61,19 @@ def shared(lock_path):
         yield
 
 
+def pending_after_stream_ms():
+    """After the current stream's work is done, how long a device-wide sync still waits (ms).
+
+    Near zero (tens of microseconds of host overhead) unless work was left running on another
+    stream: the deterministic sign of a side-stream launch that was never joined back."""
+    done = _Event()
+    done.record()
+    done.synchronize()
+    t0 = _perf()
+    _sync()
+    return (_perf() - t0) * 1e3
+
+
 def _flush_l2(device):
     buf = _L2_FLUSH.get(device)
     if buf is None:
