@@ -3,7 +3,7 @@
 # candidate's timing repeats across processes within the 2% target.
 #   bench/eval_gpu.sh [OUT_DIR]      (OPFORGE=path/to/opforge, default ./build/opforge; run from the repo root)
 # 1. honest: every task of tests/fixtures/eval_gpu/tasks with its solution; expected correct.
-# 2. each folder of tests/fixtures/eval_gpu/hacks, against only the tasks it targets; each must
+# 2. each folder of tests/fixtures/eval_gpu/hacks, against only the tasks it targets (same run as 1); each must
 #    get reward -1 with the reason its docstring names ("expect `reason`", hacks/README.md).
 # 3. the honest elementwise_chain solution 3 times, each in its own `opforge eval` process:
 #    candidate medians and their spread (max-min)/min against 2%.
@@ -29,26 +29,25 @@ run_eval() {  # NAME TASKS SOLUTIONS: one opforge eval process
   [ "$rc" = 0 ] || echo "   opforge eval failed, see $out/$name.log" >&2
 }
 
-# Only the tasks named by a solution folder's entries (file stems / folder names), so a hack's
-# run evaluates nothing but what it targets.
-tasks_for() {  # SOLUTIONS DEST
-  mkdir -p "$2"
-  for e in "$1"/*; do
-    local key
-    key=$(basename "$e" .py)
-    if [ -f "$fx/tasks/$key.py" ]; then cp "$fx/tasks/$key.py" "$2/"; fi
-  done
-}
-
-run_eval honest "$fx/tasks" "$fx/solutions"
+# Honest solutions and every hack in ONE opforge eval process, so all extensions build in one
+# parallel phase: each hack becomes its own task copy named <hack>__<task> with the hack as its
+# solution (a hack is only run against the task it targets).
+mkdir -p "$tmp/tasks" "$tmp/sols"
+cp "$fx"/tasks/*.py "$tmp/tasks/"
+cp -r "$fx"/solutions/* "$tmp/sols/"
 for h in "$fx"/hacks/*/; do
   h=${h%/}
-  name=hack_$(basename "$h")
-  tasks_for "$h" "$tmp/$name"
-  run_eval "$name" "$tmp/$name" "$h"
+  for e in "$h"/*; do
+    key=$(basename "$e" .py)
+    [ -f "$fx/tasks/$key.py" ] || continue
+    name="$(basename "$h")__$key"
+    cp "$fx/tasks/$key.py" "$tmp/tasks/$name.py"
+    if [ -d "$e" ]; then cp -r "$e" "$tmp/sols/$name"; else cp "$e" "$tmp/sols/$name.py"; fi
+  done
 done
-mkdir -p "$tmp/rep_sol" && cp "$fx/solutions/elementwise_chain.py" "$tmp/rep_sol/"
-tasks_for "$tmp/rep_sol" "$tmp/rep_tasks"
+run_eval all "$tmp/tasks" "$tmp/sols"
+mkdir -p "$tmp/rep_sol" "$tmp/rep_tasks"
+cp "$fx/solutions/elementwise_chain.py" "$tmp/rep_sol/" && cp "$fx/tasks/elementwise_chain.py" "$tmp/rep_tasks/"
 for i in 1 2 3; do run_eval "repeat_$i" "$tmp/rep_tasks" "$tmp/rep_sol"; done
 
 python3 - "$out" "$fx" <<'PY'
@@ -56,10 +55,11 @@ import glob, json, os, re, sys
 out, fx = sys.argv[1], sys.argv[2]
 # The reason each run should end with (None: correct): a hack's docstring says "expect `reason`"
 # (the same rule as tests/test_eval_gpu.cpp; names from docs/reasons.md).
-EXPECTED = {"honest": None}
+EXPECTED = {}  # task name -> reason; honest tasks: None
 for f in glob.glob(os.path.join(fx, "hacks", "*", "*.py")):
     m = re.search(r"expect[^`]*`([A-Za-z_]+)`", open(f).read())
-    EXPECTED["hack_" + os.path.basename(os.path.dirname(f))] = m.group(1) if m else "?"
+    hack = os.path.basename(os.path.dirname(f))
+    EXPECTED[f"{hack}__{os.path.basename(f)[:-3]}"] = m.group(1) if m else "?"
 
 def rows(run):
     p = os.path.join(out, run, "report.json")
@@ -69,7 +69,7 @@ def ms(v):
     return f"{v:.3f}" if isinstance(v, (int, float)) else "-"
 
 runs = sorted(d for d in os.listdir(out) if os.path.isdir(os.path.join(out, d)) and d != "cache")
-print(f"{'run':<26} {'task':<18} {'reason':<22} {'expected':<22} {'cand ms':>8} {'eager':>8} {'compile':>8} "
+print(f"{'run':<10} {'task':<36} {'reason':<22} {'expected':<22} {'cand ms':>8} {'eager':>8} {'compile':>8} "
       f"{'x eager':>7} {'rwd':>3}  verdict  sandbox")
 bad = 0
 for run in [r for r in runs if not r.startswith("repeat_")]:
@@ -79,12 +79,12 @@ for run in [r for r in runs if not r.startswith("repeat_")]:
         bad += 1
         continue
     for r in res:
-        want = EXPECTED.get(run, "?")
+        want = EXPECTED.get(r["task"], None)
         got = None if r["correct"] else r["reason"]
         ok = None if want == "?" else (got == want and (r["reward"] >= 1 if want is None else r["reward"] == -1))
         bad += ok is False
         se = r.get("speedup_eager")
-        print(f"{run:<26} {r['task']:<18} {str(got or 'correct'):<22} {str(want or 'correct'):<22} "
+        print(f"{run:<10} {r['task']:<36} {str(got or 'correct'):<22} {str(want or 'correct'):<22} "
               f"{ms(r.get('candidate_ms')):>8} {ms(r.get('eager_ms')):>8} {ms(r.get('compile_ms')):>8} "
               f"{(f'{se:.2f}' if se else '-'):>7} {r['reward']:>3}  {'PASS' if ok else ('FAIL' if ok is False else '?'):<7}  "
               f"{str(r.get('sandbox'))[:30]}")
