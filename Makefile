@@ -7,9 +7,11 @@ OPFORGE := ./build/opforge
 setup:
 	@scripts/setup.sh
 
+PRESET ?= default
+# The whole pipeline on the default preset (data/presets/default.json); stdout names the export.
 run: setup
-	$(OPFORGE) crawl --workspace $(WORKSPACE)
-	$(OPFORGE) status --workspace $(WORKSPACE)
+	@out=$$($(OPFORGE) run --workspace $(WORKSPACE) --preset $(PRESET)) && \
+	  echo "opforge: shards, manifest.json, dataset card README.md and stats/ are in $$out"
 
 test: setup
 	cd build && ctest --output-on-failure -L cpu --timeout 1200
