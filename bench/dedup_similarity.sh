@@ -30,7 +30,14 @@ PY
 "$py" - "$tmp/ws/opforge.db" <<'PY'
 import sqlite3, sys
 db = sqlite3.connect(sys.argv[1])
-db.execute("INSERT INTO filter_results(task_id, verdict, code) SELECT id, 'accepted', code FROM tasks")
+# The composed op names in the tracer's spelling (torch.nn.X -> nn.X, torch.nn.functional.x -> F.x),
+# standing in for the ops the filter would trace.
+import json, re
+def traced(name):
+    return re.sub(r"^torch\.nn\.functional\.", "F.", re.sub(r"^torch\.nn\.(?!functional)", "nn.", name))
+for tid, code, ops in db.execute("SELECT id, code, ops FROM tasks").fetchall():
+    db.execute("INSERT INTO filter_results(task_id, verdict, code, ops) VALUES (?, 'accepted', ?, ?)",
+               (tid, code, json.dumps([traced(o) for o in json.loads(ops)])))
 db.commit()
 PY
 "$bin" dedup --workspace "$tmp/ws" --threshold 1.0 --within-threshold 1.0 2> "$tmp/dedup.log"

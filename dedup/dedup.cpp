@@ -130,11 +130,17 @@ std::vector<Item> load_references(const std::vector<std::filesystem::path>& dirs
 
 std::vector<float> hashed_vector(const json& tokens, int dims, double ops_weight) {
   std::vector<double> ast(dims, 0.0), ops(dims, 0.0);
+  // Each token lands in kHashes (dimension, sign) places, one per xxh3 seed: with one place, two
+  // single-op tasks whose op tokens collide (1 in 2*dims) looked like duplicates (cosine 0.97
+  // between torch.fft.hfftn and torch.unique_consecutive in bench/dedup_similarity.sh).
+  constexpr int kHashes = 4;
   for (auto& [tok, count] : tokens.items()) {
-    std::uint64_t h = xxh3_64(tok);
     double w = 1.0 + std::log(std::max(1.0, count.get<double>()));
     auto& v = tok.rfind("op:", 0) == 0 ? ops : ast;
-    v[h % static_cast<std::uint64_t>(dims)] += (h >> 63) ? -w : w;
+    for (int k = 0; k < kHashes; ++k) {
+      std::uint64_t h = xxh3_64(tok, static_cast<std::uint64_t>(k));
+      v[h % static_cast<std::uint64_t>(dims)] += (h >> 63) ? -w : w;
+    }
   }
   auto norm = [](const std::vector<double>& v) {
     double s = 0;

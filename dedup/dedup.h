@@ -38,7 +38,7 @@ struct DedupSummary {
 void migrate(Db& db);
 DedupSummary dedup(Workspace& ws, const DedupOptions& opts);
 
-// Feature hashing: each token's xxh3 picks a dimension and a sign; weights are 1 + log(count)
+// Feature hashing: each token's xxh3 with 4 seeds picks 4 (dimension, sign) places; weights are 1 + log(count)
 // (so frequent node types do not drown the rest); the AST and the op tokens are normalised
 // apart and mixed by ops_weight, then the vector is L2-normalised. Exposed for tests.
 std::vector<float> hashed_vector(const nlohmann::json& tokens, int dims, double ops_weight);
