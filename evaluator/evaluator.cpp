@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "opforge/core/gpus.h"
 #include "opforge/core/error.h"
 #include "opforge/core/files.h"
 #include "opforge/core/hash.h"
@@ -163,20 +164,6 @@ int reward(bool correct, std::optional<double> se, std::optional<double> sc, dou
 // Evaluation
 
 namespace {
-
-int count_gpus() {
-  // As the filter does: the device files exist wherever the driver does; no CUDA call here.
-  int n = 0;
-  for (int i = 0; i < 64; ++i)
-    if (fs::exists("/dev/nvidia" + std::to_string(i))) ++n;
-  if (const char* vis = std::getenv("CUDA_VISIBLE_DEVICES"); vis) {
-    if (!*vis) return 0;
-    int listed = 1;
-    for (const char* p = vis; *p; ++p) listed += *p == ',';
-    n = std::min(n, listed);
-  }
-  return n;
-}
 
 std::string cpu_device_name() {
   // The spelling python/opforge/evaluate.py:device_name uses for the baseline cache key.
@@ -330,9 +317,10 @@ json evaluate(const EvalOptions& o) {
   migrate_cache(db);
 
   std::string device = o.device;
-  int gpus = device == "cpu" ? 0 : count_gpus();
+  const std::vector<std::string> gpu_ids = device == "cpu" ? std::vector<std::string>{} : visible_gpus();
+  const int gpus = static_cast<int>(gpu_ids.size());
   if (device == "auto") device = gpus > 0 ? "cuda" : "cpu";
-  OPFORGE_CHECK(device != "cuda" || gpus > 0, "--device cuda, but no NVIDIA GPU is visible (/dev/nvidia*)");
+  OPFORGE_CHECK(device != "cuda" || gpus > 0, "--device cuda, but no NVIDIA GPU is visible (no /dev/nvidia*, or CUDA_VISIBLE_DEVICES hides them)");
   std::uint64_t seed = o.seed ? *o.seed : std::random_device{}() % 1000000007ULL;
 
   unsigned hw = std::max(1u, std::thread::hardware_concurrency());
@@ -381,7 +369,7 @@ json evaluate(const EvalOptions& o) {
     // torch's ninja builds take MAX_JOBS cores each: the cores shared out between the builds.
     p.env["MAX_JOBS"] = std::to_string(std::max(1u, hw / static_cast<unsigned>(p.workers)));
     for (int i = 0; i < p.workers; ++i)
-      p.slot_env.push_back(device == "cuda" ? std::map<std::string, std::string>{{"CUDA_VISIBLE_DEVICES", std::to_string(i % gpus)}}
+      p.slot_env.push_back(device == "cuda" ? std::map<std::string, std::string>{{"CUDA_VISIBLE_DEVICES", gpu_ids[i % gpus]}}
                                             : std::map<std::string, std::string>{{"CUDA_VISIBLE_DEVICES", ""}});
     WorkerPool pool(p);
     std::vector<json> reqs;
@@ -436,8 +424,8 @@ json evaluate(const EvalOptions& o) {
       std::map<std::string, std::string> e;
       if (device == "cuda") {
         int gpu = i % gpus;
-        e["CUDA_VISIBLE_DEVICES"] = std::to_string(gpu);
-        e["OPFORGE_TIMING_LOCK"] = (fs::absolute(cache) / "locks" / ("gpu" + std::to_string(gpu) + ".lock")).string();
+        e["CUDA_VISIBLE_DEVICES"] = gpu_ids[gpu];
+        e["OPFORGE_TIMING_LOCK"] = (fs::absolute(cache) / "locks" / ("gpu" + gpu_ids[gpu] + ".lock")).string();
         // The side-stream check reads the whole device as idle or busy: it holds only when this
         // worker is the GPU's one evaluator.
         e["OPFORGE_WORKERS_ON_GPU"] = std::to_string((p.workers + gpus - 1 - gpu) / gpus);

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <thread>
 
+#include "opforge/core/gpus.h"
 #include "opforge/core/error.h"
 #include "opforge/core/files.h"
 #include "opforge/core/hash.h"
@@ -40,19 +41,6 @@ CREATE INDEX filter_results_verdict ON filter_results(verdict, reason);
 
 namespace {
 
-int count_gpus() {
-  // The device files exist wherever the NVIDIA driver does; no CUDA call in the supervisor.
-  int n = 0;
-  for (int i = 0; i < 64; ++i)
-    if (std::filesystem::exists("/dev/nvidia" + std::to_string(i))) ++n;
-  if (const char* vis = std::getenv("CUDA_VISIBLE_DEVICES"); vis && *vis) {
-    int listed = 1;
-    for (const char* p = vis; *p; ++p) listed += *p == ',';
-    n = std::min(n, listed);
-  }
-  return n;
-}
-
 void record(Db& db, const std::string& id, const std::string& verdict, const std::string& reason,
             const std::string& detail, const json& metrics, const json& ops, const std::string& code,
             const json& calibration, const std::string& device) {
@@ -78,9 +66,10 @@ FilterSummary filter(Workspace& ws, const FilterOptions& opts) {
   FilterSummary sum;
 
   std::string device = opts.device;
-  int gpus = device == "cpu" ? 0 : count_gpus();
+  const std::vector<std::string> gpu_ids = device == "cpu" ? std::vector<std::string>{} : visible_gpus();
+  const int gpus = static_cast<int>(gpu_ids.size());
   if (device == "auto") device = gpus > 0 ? "cuda" : "cpu";
-  OPFORGE_CHECK(device != "cuda" || gpus > 0, "--device cuda, but no NVIDIA GPU is visible (/dev/nvidia*)");
+  OPFORGE_CHECK(device != "cuda" || gpus > 0, "--device cuda, but no NVIDIA GPU is visible (no /dev/nvidia*, or CUDA_VISIBLE_DEVICES hides them)");
   int workers = opts.workers > 0 ? opts.workers : (device == "cuda" ? gpus * opts.workers_per_gpu : 2);
 
   struct Job {
@@ -114,8 +103,8 @@ FilterSummary filter(Workspace& ws, const FilterOptions& opts) {
     std::map<std::string, std::string> env;
     if (device == "cuda") {
       int gpu = i % gpus;
-      env["CUDA_VISIBLE_DEVICES"] = std::to_string(gpu);
-      env["OPFORGE_TIMING_LOCK"] = (ws.root() / "locks" / ("gpu" + std::to_string(gpu) + ".lock")).string();
+      env["CUDA_VISIBLE_DEVICES"] = gpu_ids[gpu];
+      env["OPFORGE_TIMING_LOCK"] = (ws.root() / "locks" / ("gpu" + gpu_ids[gpu] + ".lock")).string();
       int sharing = (popts.workers + gpus - 1 - gpu) / gpus;  // workers on this GPU
       env["OPFORGE_GPU_MEM_FRACTION"] = fmt::format("{:.3f}", 0.9 / std::max(1, sharing));
       // Inductor's compile pool per worker: the cores shared out, so launches are not starved.

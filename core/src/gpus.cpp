@@ -1,0 +1,33 @@
+#include "opforge/core/gpus.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+
+namespace opforge {
+
+std::vector<std::string> visible_gpus() {
+  int present = 0;
+  for (int i = 0; i < 64; ++i)
+    if (std::filesystem::exists("/dev/nvidia" + std::to_string(i))) ++present;
+  std::vector<std::string> ids;
+  const char* vis = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (!vis) {
+    for (int i = 0; i < present; ++i) ids.push_back(std::to_string(i));
+    return ids;
+  }
+  // CUDA stops at the first entry that is neither a present index nor a UUID.
+  std::stringstream in(vis);
+  for (std::string e; std::getline(in, e, ',');) {
+    while (!e.empty() && std::isspace(static_cast<unsigned char>(e.back()))) e.pop_back();
+    while (!e.empty() && std::isspace(static_cast<unsigned char>(e.front()))) e.erase(e.begin());
+    bool index = !e.empty() && std::all_of(e.begin(), e.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+    if (index ? std::stoi(e) >= present : e.rfind("GPU-", 0) != 0 && e.rfind("MIG-", 0) != 0) break;
+    ids.push_back(e);
+  }
+  return ids;
+}
+
+}  // namespace opforge

@@ -1,0 +1,64 @@
+// GPU discovery as CUDA reads CUDA_VISIBLE_DEVICES, so a user who restricts the GPUs gets
+// workers pinned to those GPUs, not to the first N.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "opforge/core/gpus.h"
+
+namespace opforge {
+namespace {
+
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* v = std::getenv(name)) old_ = v;
+    if (value) setenv(name, value, 1);
+    else unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (old_) setenv(name_, old_->c_str(), 1);
+    else unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+int present() {
+  int n = 0;
+  while (n < 64 && std::filesystem::exists("/dev/nvidia" + std::to_string(n))) ++n;
+  return n;
+}
+
+TEST(Gpus, CudaVisibleDevicesPicksAndOrdersTheGpus) {
+  {
+    ScopedEnv e("CUDA_VISIBLE_DEVICES", "");
+    EXPECT_TRUE(visible_gpus().empty()) << "an empty list hides every GPU";
+  }
+  {
+    ScopedEnv e("CUDA_VISIBLE_DEVICES", "-1");
+    EXPECT_TRUE(visible_gpus().empty());
+  }
+  {
+    // UUIDs are taken as they are; CUDA stops reading at the first invalid entry.
+    ScopedEnv e("CUDA_VISIBLE_DEVICES", "GPU-8f1c, MIG-2a,bogus,GPU-77");
+    EXPECT_EQ(visible_gpus(), (std::vector<std::string>{"GPU-8f1c", "MIG-2a"}));
+  }
+  {
+    // An index beyond the GPUs present ends the list, as it does for CUDA.
+    ScopedEnv e("CUDA_VISIBLE_DEVICES", ("0," + std::to_string(present())).c_str());
+    EXPECT_EQ(visible_gpus(), present() > 0 ? std::vector<std::string>{"0"} : std::vector<std::string>{});
+  }
+  {
+    ScopedEnv e("CUDA_VISIBLE_DEVICES", nullptr);
+    EXPECT_EQ(static_cast<int>(visible_gpus().size()), present());
+  }
+}
+
+}  // namespace
+}  // namespace opforge
