@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# What the GPU machine (docs/gpu.md) is asked to run, in the device calls of one session, with
+# every result written under $OUT (default /tmp/out) so it comes back even when a call is cut.
+#   bench/gpu_session.sh STEP...   steps run in order:
+#     build     configure and build build-gpu (tests included) against /opt/torch
+#     checks    eval GPU tests + bench/eval_gpu.sh; filter throughput at 1/2/4/8 workers on GPU 0
+#     corpus    opforge run --preset ops6k --count $COUNT (default 1000) on every GPU; resumable:
+#               .gpuws/corpus.db.gz, when carried, is where it goes on
+# At most 8 files come back from $OUT: each step writes few (the logs of a step in one file).
+# Needs .device (../shared/device/pack-debs.sh) and .gpuws/crawl.db.gz (a crawl made on an H200) carried.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+P=/opt/torch/.venv/bin/python3
+B=$PWD/build-gpu/opforge
+[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|checks|corpus..." >&2; exit 2; }
+source .device/env.sh > /dev/null
+export PATH=/opt/torch/.venv/bin:$PATH
+stamp() { echo "== $(date +%T) $*" | tee -a "$OUT/steps.txt"; }
+restore_ws() {  # WS DBGZ: a workspace from a carried database
+  mkdir -p "$1"
+  [ -f "$1/opforge.db" ] || gunzip -c "$2" > "$1/opforge.db"
+}
+for step in "$@"; do
+case $step in
+  build)
+    stamp build
+    if ! { cmake -S . -B build-gpu -G Ninja -DOPFORGE_PYTHON=$P -Wno-dev && cmake --build build-gpu -j"$(nproc)"; } \
+        > /tmp/build.log 2>&1; then
+      tail -60 /tmp/build.log > "$OUT/build_failed.log"; tail -20 /tmp/build.log; exit 1
+    fi
+    tail -1 /tmp/build.log
+    ;;
+  checks)
+    stamp "eval gpu tests"
+    (cd build-gpu && timeout 240 ctest -L gpu --output-on-failure) > "$OUT/ctest_gpu.txt" 2>&1
+    tail -4 "$OUT/ctest_gpu.txt"
+    stamp "eval bench"
+    OPFORGE=$B timeout 300 bash bench/eval_gpu.sh /tmp/evg > "$OUT/eval.txt" 2>&1
+    cat "$OUT/eval.txt"
+    cat /tmp/evg/all/report.md >> "$OUT/eval.txt" 2> /dev/null
+    stamp "filter throughput on GPU 0"
+    restore_ws /tmp/fws .gpuws/crawl.db.gz
+    $B compose --workspace /tmp/fws --count 300 --workers 8 2> /dev/null
+    CUDA_VISIBLE_DEVICES=0 OPFORGE=$B PYTHON=$P timeout 330 bash bench/filter_throughput.sh /tmp/fws 16 1 2 4 8 |
+      tee "$OUT/filter_throughput.txt"
+    ;;
+  corpus)
+    count=${COUNT:-1000}
+    if [ -f .gpuws/corpus.db.gz ]; then restore_ws /tmp/cws .gpuws/corpus.db.gz; else restore_ws /tmp/cws .gpuws/crawl.db.gz; fi
+    stamp "opforge run --preset ops6k --count $count"
+    timeout "${RUN_TIMEOUT:-500}" $B run --workspace /tmp/cws --preset ops6k --count "$count" 2> "$OUT/run.log"
+    echo "run rc $?"
+    { grep "run:" "$OUT/run.log" | tail -8; $B status --workspace /tmp/cws 2>&1; $P bench/filter_report.py /tmp/cws 2>&1
+      nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > "$OUT/corpus.txt"
+    cat "$OUT/corpus.txt"
+    [ -d /tmp/cws/export/stats ] && tar -C /tmp/cws/export -czf "$OUT/export_stats.tar.gz" manifest.json README.md stats
+    $P -c "import sqlite3; sqlite3.connect('/tmp/cws/opforge.db').execute('PRAGMA wal_checkpoint(TRUNCATE)')"
+    gzip -c /tmp/cws/opforge.db > "$OUT/corpus.db.gz"
+    ;;
+  *) echo "unknown step $step" >&2; exit 2 ;;
+esac
+done
