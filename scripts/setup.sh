@@ -43,4 +43,5 @@ if [ ! -f build/build.ninja ]; then
     -DOPFORGE_PYTHON="$ROOT/.venv/bin/python3" >&2
 fi
 log "building"
-cmake --build build >&2
+# Paths inside the clone hash relative to it, so a fresh clone elsewhere reuses the cache.
+CCACHE_BASEDIR="$ROOT" CCACHE_NOHASHDIR=1 cmake --build build >&2

@@ -2,7 +2,7 @@
 // whole compile -> correctness -> timing -> reward path, and every planted hack of
 // fixtures/eval/hacks gets reward -1 with the reason its header names.
 //
-// Built extensions are shared through one cache folder in the build tree (OPFORGE_TEST_EVAL_CACHE):
+// Built extensions are shared through one cache folder in the build tree (test::eval_cache_dir()):
 // every fixture that needs the CPU extension uses the same sources, so a test run compiles it
 // once (~30-60 s on 2 cores) and later runs not at all.
 #include <gtest/gtest.h>
@@ -36,7 +36,7 @@ struct EvalRun {
 EvalRun run_eval(const fs::path& tasks, const fs::path& solutions, const fs::path& out,
                  std::vector<std::string> extra = {}) {
   std::vector<std::string> args = {"eval", "--tasks", tasks.string(), "--solutions", solutions.string(), "--out",
-                                   out.string(), "--cache-dir", OPFORGE_TEST_EVAL_CACHE, "--device", "cpu",
+                                   out.string(), "--cache-dir", test::eval_cache_dir().string(), "--device", "cpu",
                                    "--trials", "10", "--budget-s", "2", "--compile-workers", "2", "--seed", "7"};
   args.insert(args.end(), extra.begin(), extra.end());
   EvalRun r;

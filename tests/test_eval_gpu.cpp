@@ -25,7 +25,7 @@ bool have_gpu() { return fs::exists("/dev/nvidia0"); }
 
 json run_eval(const fs::path& solutions, const fs::path& out, std::string* err = nullptr) {
   auto r = test::run_opforge({"eval", "--tasks", (gpu_fixtures() / "tasks").string(), "--solutions",
-                              solutions.string(), "--out", out.string(), "--cache-dir", OPFORGE_TEST_EVAL_CACHE,
+                              solutions.string(), "--out", out.string(), "--cache-dir", test::eval_cache_dir().string(),
                               "--device", "cuda", "--no-plots"});
   std::cout << r.out;
   if (err) *err = r.err;

@@ -115,6 +115,8 @@ void write_file(const std::filesystem::path& p, const std::string& text) {
 }
 
 std::filesystem::path fixtures() { return OPFORGE_FIXTURES; }
+std::filesystem::path opforge_bin() { return OPFORGE_BIN; }
+std::filesystem::path eval_cache_dir() { return OPFORGE_TEST_EVAL_CACHE; }
 
 const std::map<std::string, nlohmann::json>& dedup_fixture_ops() {
   using nlohmann::json;

@@ -44,6 +44,9 @@ std::pair<int, std::string> shell(const std::string& cmd);
 std::string read_file(const std::filesystem::path& p);
 void write_file(const std::filesystem::path& p, const std::string& text);
 std::filesystem::path fixtures();
+// build/opforge, and the cache of built extensions the evaluator tests share (in the build tree).
+std::filesystem::path opforge_bin();
+std::filesystem::path eval_cache_dir();
 // What tracing would record for each task of fixtures/dedup/tasks (tracing.py spelling), by stem.
 const std::map<std::string, nlohmann::json>& dedup_fixture_ops();
 

@@ -14,7 +14,7 @@ namespace {
 WorkerPoolOptions options(int workers = 2) {
   WorkerPoolOptions o;
   o.workers = workers;
-  o.worker_exe = OPFORGE_BIN;
+  o.worker_exe = test::opforge_bin();
   o.timeout_s = 60;
   return o;
 }
