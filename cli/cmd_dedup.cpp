@@ -35,6 +35,11 @@ void add_dedup(CLI::App& app, Runner& run) {
                 "Skip the check of op sequences against KernelBench's level-2 problem names (data/kernelbench_ops.json)");
   cmd->add_option("--dims", o->d.dims, "Width of the hashed feature vectors")->check(CLI::Range(16, 1 << 16))
       ->capture_default_str();
+  cmd->add_option("--exact-up-to", o->d.exact_up_to,
+                  "Search exactly up to this many distinct tasks (or references); above, an inverted file (faiss "
+                  "IVF), whose recall of near duplicates bench/dedup_scale measures")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   cmd->add_option("-j,--workers", o->d.workers, "Worker processes computing features")->capture_default_str();
   cmd->callback([&run, o] {
     run = [o] {

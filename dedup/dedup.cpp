@@ -1,4 +1,5 @@
 #include "dedup.h"
+#include "index.h"
 
 #include <spdlog/spdlog.h>
 
@@ -12,7 +13,6 @@
 #include <unordered_map>
 
 #include <faiss/IndexFlat.h>
-#include <faiss/impl/AuxIndexStructures.h>
 
 #include "opforge/core/error.h"
 #include "opforge/core/files.h"
@@ -247,31 +247,30 @@ DedupSummary dedup(Workspace& ws, const DedupOptions& opts) {
     }
   }
 
-  // Near duplicates: every pair of distinct normal forms at or above within_threshold (range
-  // search, exact), and each task's nearest other task (top 2: one is usually itself).
+  // Near duplicates and each task's nearest other task, from one top-k search over the distinct
+  // normal forms (exact up to kExactUpTo of them, index.h): the kNeighbours most similar, of
+  // which those at or above within_threshold are near duplicates. A task has more than a few
+  // such only inside a cluster of copies, and then the cluster's kept first member is among the
+  // closest; one search instead of a range search plus a top-2 halves the time at scale.
   std::vector<float> ux(uniq.size() * static_cast<std::size_t>(d));
   for (std::size_t k = 0; k < uniq.size(); ++k)
     std::copy_n(tx.begin() + uniq[k] * d, d, ux.begin() + static_cast<std::ptrdiff_t>(k * d));
-  faiss::IndexFlatIP tindex(d);
-  tindex.add(static_cast<idx_t>(uniq.size()), ux.data());
+  auto tindex = make_index(d, static_cast<long>(uniq.size()), ux.data(), opts.exact_up_to);
   // Cosines of equal unit vectors come out a hair below 1 in float: compare with slack.
   constexpr double kSlack = 1e-5;
-  faiss::RangeSearchResult near(static_cast<idx_t>(uniq.size()));
-  tindex.range_search(static_cast<idx_t>(uniq.size()), ux.data(), static_cast<float>(opts.within_threshold - kSlack),
-                      &near);
-  int k2 = std::min<int>(2, static_cast<int>(uniq.size()));
+  constexpr int kNeighbours = 16;
+  const int k2 = std::min<int>(kNeighbours, static_cast<int>(uniq.size()));
   std::vector<float> nd(n * k2);
   std::vector<idx_t> nl(n * k2);
-  tindex.search(static_cast<idx_t>(n), tx.data(), k2, nd.data(), nl.data());
+  tindex->search(static_cast<idx_t>(n), tx.data(), k2, nd.data(), nl.data());
 
   // Nearest reference of every task.
   std::vector<float> rd(n, 0.f);
   std::vector<idx_t> rl(n, -1);
   if (!refs.empty()) {
     std::vector<float> rx = matrix(rfeat, d, opts.ops_weight);
-    faiss::IndexFlatIP rindex(d);
-    rindex.add(static_cast<idx_t>(refs.size()), rx.data());
-    rindex.search(static_cast<idx_t>(n), tx.data(), 1, rd.data(), rl.data());
+    auto rindex = make_index(d, static_cast<long>(refs.size()), rx.data(), opts.exact_up_to);
+    rindex->search(static_cast<idx_t>(n), tx.data(), 1, rd.data(), rl.data());
   }
 
   // KernelBench level-2 sequences, by their token lists.
@@ -289,8 +288,6 @@ DedupSummary dedup(Workspace& ws, const DedupOptions& opts) {
     std::vector<std::string> seq;
   };
   std::vector<Row> rows(n);
-  std::vector<long> uniq_pos(n, -1);
-  for (std::size_t k = 0; k < uniq.size(); ++k) uniq_pos[uniq[k]] = static_cast<long>(k);
 
   // Decided in id order, so "earlier" and "first" are stable across runs.
   for (std::size_t i = 0; i < n; ++i) {
@@ -322,14 +319,15 @@ DedupSummary dedup(Workspace& ws, const DedupOptions& opts) {
       r.reason = "kernelbench_similar";
       continue;
     }
-    // The most similar earlier task that is still kept.
-    long u = uniq_pos[i];
+    // The most similar earlier task that is still kept, at or above within_threshold.
     double best = -2;
     long best_j = -1;
-    for (std::size_t e = near.lims[u]; e < near.lims[u + 1]; ++e) {
-      long j = static_cast<long>(uniq[near.labels[e]]);
-      if (j < static_cast<long>(i) && rows[j].kept && near.distances[e] > best) {
-        best = near.distances[e];
+    for (int e = 0; e < k2; ++e) {
+      idx_t q = nl[i * k2 + e];
+      if (q < 0 || nd[i * k2 + e] < opts.within_threshold - kSlack) continue;
+      long j = static_cast<long>(uniq[q]);
+      if (j < static_cast<long>(i) && rows[j].kept && nd[i * k2 + e] > best) {
+        best = nd[i * k2 + e];
         best_j = j;
       }
     }

@@ -19,6 +19,9 @@
 
 namespace opforge::dedup {
 
+// Up to this many vectors dedup searches exactly; above, an inverted file (dedup/index.h).
+constexpr long kExactUpTo = 5000;
+
 struct DedupOptions {
   std::vector<std::filesystem::path> references;  // folders of KernelBench-format .py files
   double threshold = 0.95;         // cosine to a reference at or above which a task is dropped
@@ -27,6 +30,7 @@ struct DedupOptions {
   int dims = 1024;                 // width of the hashed feature vectors
   double ops_weight = 0.5;         // share of the op tokens in a vector (the rest: AST n-grams)
   int workers = 2;                 // feature workers
+  long exact_up_to = kExactUpTo;
 };
 
 struct DedupSummary {

@@ -1,0 +1,45 @@
+#include "index.h"
+
+#include <faiss/IndexFlat.h>
+#include <faiss/IndexIVFFlat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+namespace opforge::dedup {
+
+std::unique_ptr<faiss::Index> make_index(int d, long n, const float* x, long exact_up_to, int nprobe) {
+  using idx_t = faiss::Index::idx_t;
+  if (n <= exact_up_to) {
+    auto flat = std::make_unique<faiss::IndexFlatIP>(d);
+    flat->add(static_cast<idx_t>(n), x);
+    return flat;
+  }
+  // About 4*sqrt(n) lists, but never fewer than 8 vectors per list to train on.
+  const auto nlist = static_cast<std::size_t>(
+      std::clamp(4 * std::sqrt(static_cast<double>(n)), 1.0, std::max(1.0, static_cast<double>(n) / 8)));
+  auto* quantizer = new faiss::IndexFlatIP(d);
+  auto ivf = std::make_unique<faiss::IndexIVFFlat>(quantizer, d, nlist, faiss::METRIC_INNER_PRODUCT);
+  ivf->own_fields = true;
+  // k-means on 32 points per list is plenty to place the lists and keeps training to seconds;
+  // a fixed seed keeps the lists, and so the answers, the same run to run.
+  const std::size_t sample = std::min<std::size_t>(static_cast<std::size_t>(n), 32 * nlist);
+  std::vector<std::size_t> pick(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < pick.size(); ++i) pick[i] = i;
+  std::mt19937_64 rng(1234);
+  std::shuffle(pick.begin(), pick.end(), rng);
+  std::vector<float> train(sample * static_cast<std::size_t>(d));
+  for (std::size_t i = 0; i < sample; ++i)
+    std::copy_n(x + pick[i] * static_cast<std::size_t>(d), d, train.begin() + static_cast<std::ptrdiff_t>(i * d));
+  ivf->cp.seed = 1234;
+  ivf->cp.max_points_per_centroid = 32;
+  ivf->cp.min_points_per_centroid = 8;
+  ivf->train(static_cast<idx_t>(sample), train.data());
+  ivf->add(static_cast<idx_t>(n), x);
+  ivf->nprobe = static_cast<std::size_t>(nprobe);
+  return ivf;
+}
+
+}  // namespace opforge::dedup

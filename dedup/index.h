@@ -1,0 +1,23 @@
+// The faiss index dedup searches, chosen by size (exposed for bench/dedup_scale.cpp).
+#pragma once
+#include <cstdint>  // before faiss: its headers use uint8_t without including it (faiss 1.7.3)
+#include <faiss/Index.h>
+
+#include <memory>
+
+#include "dedup.h"  // kExactUpTo
+
+namespace opforge::dedup {
+
+// Up to this many vectors the exact index (IndexFlatIP) answers in well under a second, so the
+// thresholds apply to true cosines. Above it, brute force grows with n x m x dims (100k tasks x
+// 100k: minutes on few cores), so an inverted file takes over: IndexIVFFlat over inner product,
+// about 4*sqrt(n) lists trained on a sample, probed kProbe lists deep. The pairs dedup looks for
+// sit at cosine >= 0.95, close enough to share a list; bench/dedup_scale measures the recall.
+constexpr int kProbe = 16;
+
+// An index holding the n row vectors of x (n x d, unit length), trained if it needs training.
+std::unique_ptr<faiss::Index> make_index(int d, long n, const float* x, long exact_up_to = kExactUpTo,
+                                         int nprobe = kProbe);
+
+}  // namespace opforge::dedup
