@@ -420,22 +420,12 @@ json evaluate(const EvalOptions& o) {
     p.memory_limit_mb = o.memory_limit_mb;
     p.log_file = out / "logs" / "workers.log";
     p.env = env;
-    for (int i = 0; i < p.workers; ++i) {
-      std::map<std::string, std::string> e;
-      if (device == "cuda") {
-        int gpu = i % gpus;
-        e["CUDA_VISIBLE_DEVICES"] = gpu_ids[gpu];
-        e["OPFORGE_TIMING_LOCK"] = (fs::absolute(cache) / "locks" / ("gpu" + gpu_ids[gpu] + ".lock")).string();
-        // The side-stream check reads the whole device as idle or busy: it holds only when this
-        // worker is the GPU's one evaluator.
-        e["OPFORGE_WORKERS_ON_GPU"] = std::to_string((p.workers + gpus - 1 - gpu) / gpus);
-      } else {
-        e["CUDA_VISIBLE_DEVICES"] = "";
-        e["OPFORGE_TIMING_LOCK"] = (fs::absolute(cache) / "locks" / "cpu.lock").string();
-        e["TORCHINDUCTOR_COMPILE_THREADS"] = "1";
-      }
-      p.slot_env.push_back(e);
-    }
+    // The side-stream check reads the whole device as idle or busy: it holds only when the
+    // worker is its GPU's one evaluator (OPFORGE_WORKERS_ON_GPU, read by evaluate.py).
+    p.slot_env = gpu_slot_env(device == "cuda" ? gpu_ids : std::vector<std::string>{}, p.workers,
+                              fs::absolute(cache) / "locks");
+    if (device != "cuda")
+      for (auto& e : p.slot_env) e["TORCHINDUCTOR_COMPILE_THREADS"] = "1";
     eval_workers = p.workers;
     pool.emplace(p);
   }

@@ -97,25 +97,19 @@ FilterSummary filter(Workspace& ws, const FilterOptions& opts) {
   popts.timeout_s = opts.timeout_s;
   popts.memory_limit_mb = opts.memory_limit_mb;
   popts.log_file = ws.logs_dir() / "workers.log";
-  // Workers of one GPU share its timing lock: they compile in parallel, never time together.
-  std::filesystem::create_directories(ws.root() / "locks");
-  for (int i = 0; i < popts.workers; ++i) {
-    std::map<std::string, std::string> env;
+  popts.slot_env = gpu_slot_env(device == "cuda" ? gpu_ids : std::vector<std::string>{}, popts.workers,
+                               ws.root() / "locks");
+  for (auto& env : popts.slot_env) {
     if (device == "cuda") {
-      int gpu = i % gpus;
-      env["CUDA_VISIBLE_DEVICES"] = gpu_ids[gpu];
-      env["OPFORGE_TIMING_LOCK"] = (ws.root() / "locks" / ("gpu" + gpu_ids[gpu] + ".lock")).string();
-      int sharing = (popts.workers + gpus - 1 - gpu) / gpus;  // workers on this GPU
-      env["OPFORGE_GPU_MEM_FRACTION"] = fmt::format("{:.3f}", 0.9 / std::max(1, sharing));
+      env["OPFORGE_GPU_MEM_FRACTION"] = fmt::format("{:.3f}", 0.9 / std::max(1, std::stoi(env["OPFORGE_WORKERS_ON_GPU"])));
       // Inductor's compile pool per worker: the cores shared out, so launches are not starved.
       unsigned hw = std::max(1u, std::thread::hardware_concurrency());
       env["TORCHINDUCTOR_COMPILE_THREADS"] = std::to_string(std::max(1u, hw / static_cast<unsigned>(popts.workers)));
     } else {
-      env["OPFORGE_TIMING_LOCK"] = (ws.root() / "locks" / "cpu.lock").string();
+      env.erase("CUDA_VISIBLE_DEVICES");  // on CPU the filter leaves the user's setting alone
       // On a few cores inductor's pool of compile subprocesses costs more than it saves.
       env["TORCHINDUCTOR_COMPILE_THREADS"] = "1";
     }
-    popts.slot_env.push_back(env);
   }
   WorkerPool pool(popts);
 

@@ -60,5 +60,24 @@ TEST(Gpus, CudaVisibleDevicesPicksAndOrdersTheGpus) {
   }
 }
 
+TEST(Gpus, SlotsGoRoundRobinWithTheirGpusLockAndSharing) {
+  auto dir = std::filesystem::temp_directory_path() / "opforge-test-gpu-slots";
+  auto slots = gpu_slot_env({"3", "GPU-a"}, 3, dir);
+  ASSERT_EQ(slots.size(), 3u);
+  EXPECT_EQ(slots[0].at("CUDA_VISIBLE_DEVICES"), "3");
+  EXPECT_EQ(slots[1].at("CUDA_VISIBLE_DEVICES"), "GPU-a");
+  EXPECT_EQ(slots[2].at("CUDA_VISIBLE_DEVICES"), "3");
+  EXPECT_EQ(slots[0].at("OPFORGE_TIMING_LOCK"), (dir / "gpu3.lock").string());
+  EXPECT_EQ(slots[2].at("OPFORGE_TIMING_LOCK"), slots[0].at("OPFORGE_TIMING_LOCK")) << "one lock per GPU";
+  EXPECT_EQ(slots[0].at("OPFORGE_WORKERS_ON_GPU"), "2");
+  EXPECT_EQ(slots[1].at("OPFORGE_WORKERS_ON_GPU"), "1");
+  auto cpu = gpu_slot_env({}, 2, dir);
+  ASSERT_EQ(cpu.size(), 2u);
+  EXPECT_EQ(cpu[1].at("CUDA_VISIBLE_DEVICES"), "");
+  EXPECT_EQ(cpu[1].at("OPFORGE_TIMING_LOCK"), (dir / "cpu.lock").string());
+  EXPECT_TRUE(std::filesystem::is_directory(dir));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace opforge

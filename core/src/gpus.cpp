@@ -30,4 +30,22 @@ std::vector<std::string> visible_gpus() {
   return ids;
 }
 
+std::vector<std::map<std::string, std::string>> gpu_slot_env(const std::vector<std::string>& gpus, int workers,
+                                                             const std::filesystem::path& lock_dir) {
+  std::filesystem::create_directories(lock_dir);
+  const int n = static_cast<int>(gpus.size());
+  std::vector<std::map<std::string, std::string>> slots;
+  for (int i = 0; i < workers; ++i) {
+    if (n == 0) {
+      slots.push_back({{"CUDA_VISIBLE_DEVICES", ""}, {"OPFORGE_TIMING_LOCK", (lock_dir / "cpu.lock").string()}});
+      continue;
+    }
+    int gpu = i % n;
+    slots.push_back({{"CUDA_VISIBLE_DEVICES", gpus[gpu]},
+                     {"OPFORGE_TIMING_LOCK", (lock_dir / ("gpu" + gpus[gpu] + ".lock")).string()},
+                     {"OPFORGE_WORKERS_ON_GPU", std::to_string((workers + n - 1 - gpu) / n)}});
+  }
+  return slots;
+}
+
 }  // namespace opforge

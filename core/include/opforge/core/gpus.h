@@ -1,6 +1,8 @@
 // Which GPUs the stages may use, decided without a CUDA call in the supervisor (it never loads
 // the driver: workers do).
 #pragma once
+#include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -11,5 +13,13 @@ namespace opforge {
 // one as CUDA itself reads it; empty or "-1" hides every GPU), else "0".."N-1" for the
 // /dev/nvidiaN device files the driver creates.
 std::vector<std::string> visible_gpus();
+
+// The environment of each of `workers` worker slots spread round-robin over `gpus` (ids from
+// visible_gpus()): CUDA_VISIBLE_DEVICES pins the slot to its GPU, OPFORGE_TIMING_LOCK names the
+// GPU's lock in lock_dir (its workers compile in parallel but never time together, timing.py),
+// OPFORGE_WORKERS_ON_GPU says how many slots share that GPU. With no GPU, every slot gets
+// CUDA_VISIBLE_DEVICES="" and the one CPU lock.
+std::vector<std::map<std::string, std::string>> gpu_slot_env(const std::vector<std::string>& gpus, int workers,
+                                                             const std::filesystem::path& lock_dir);
 
 }  // namespace opforge
