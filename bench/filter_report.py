@@ -43,6 +43,12 @@ def main():
     if spreads:
         print(f"eager timing spread (p90-p10)/median: median {100 * statistics.median(spreads):.2f}%, "
               f"p90 {100 * q(spreads, .9):.2f}%, share under 3%: {100 * sum(s < 0.03 for s in spreads) / len(spreads):.0f}%")
+        # Sets of trials taken per task (timing.time_fn retakes a disturbed set); absent before that.
+        attempts = [x["eager"].get("attempts", 1) for x in m if "eager" in x]
+        print("eager trial sets taken: " + ", ".join(f"{k}: {attempts.count(k)}" for k in sorted(set(attempts))))
+    cspreads = [x["compiled"]["spread"] for x in m if "compiled" in x]
+    if cspreads:
+        print(f"compiled timing spread: median {100 * statistics.median(cspreads):.2f}%, p90 {100 * q(cspreads, .9):.2f}%")
     dev = {x.get("device") for x in m}
     print(f"device: {', '.join(sorted(d for d in dev if d))}")
 

@@ -12,7 +12,7 @@ counts=("$@")
 bin=${OPFORGE:-./build/opforge}
 py=${PYTHON:-python3}
 here=$(cd "$(dirname "$0")" && pwd)
-printf '%-8s %-10s %-12s %-9s %-10s %s\n' workers wall_s tasks/min accepted spread_p50 rejected_by_reason
+printf '%-8s %-10s %-12s %-9s %-10s %-9s %-8s %s\n' workers wall_s tasks/min accepted spread_p50 under_3% retaken rejected_by_reason
 for w in "${counts[@]}"; do
   tmp=$(mktemp -d)
   mkdir -p "$tmp/ws"
@@ -35,14 +35,19 @@ db = sqlite3.connect(sys.argv[1])
 import json, statistics
 rows = db.execute("SELECT verdict, reason FROM filter_results").fetchall()
 acc = sum(v == "accepted" for v, _ in rows)
-sp = [json.loads(m)["eager"]["spread"] for (m,) in db.execute("SELECT metrics FROM filter_results WHERE verdict='accepted'")]
+eager = [json.loads(m)["eager"] for (m,) in db.execute("SELECT metrics FROM filter_results WHERE verdict='accepted'")]
+sp = [e["spread"] for e in eager]
 spread = f"{100 * statistics.median(sp):.2f}%" if sp else "-"
+under = f"{100 * sum(x < 0.03 for x in sp) / len(sp):.0f}%" if sp else "-"
+# tasks whose first set of trials was disturbed and taken again (timing.time_fn)
+retaken = sum(e.get("attempts", 1) > 1 for e in eager)
 reasons = {}
 for v, r in rows:
     if v == "rejected":
         reasons[r] = reasons.get(r, 0) + 1
 wall = float(sys.argv[3])
-print(f"{sys.argv[2]:<8} {wall:<10.1f} {60 * len(rows) / wall:<12.1f} {acc:<9} {spread:<10} " + ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())))
+print(f"{sys.argv[2]:<8} {wall:<10.1f} {60 * len(rows) / wall:<12.1f} {acc:<9} {spread:<10} {under:<9} {retaken:<8} "
+      + ", ".join(f"{k}={v}" for k, v in sorted(reasons.items())))
 PY
   rm -rf "$tmp"
 done

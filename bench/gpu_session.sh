@@ -2,10 +2,14 @@
 # What the GPU machine (docs/gpu.md) is asked to run, in the device calls of one session, with
 # every result written under $OUT (default /tmp/out) so it comes back even when a call is cut.
 #   bench/gpu_session.sh STEP...   steps run in order:
-#     build     configure and build build-gpu (tests included) against /opt/torch
-#     checks    eval GPU tests + bench/eval_gpu.sh; filter throughput at 1/2/4/8 workers on GPU 0
-#     corpus    opforge run --preset ops6k --count $COUNT (default 1000) on every GPU; resumable:
-#               .gpuws/corpus.db.gz, when carried, is where it goes on
+#     build       configure and build build-gpu (tests included unless BUILD_TESTS=OFF) against /opt/torch
+#     eval        eval GPU tests (ctest -L gpu) + bench/eval_gpu.sh on GPU 0
+#     throughput  bench/filter_throughput.sh over TP_N (default 20) fresh candidates at 8/4/2/1 workers on GPU 0
+#                 (most telling row first, in case the call is cut)
+#     checks      eval + throughput
+#     corpus      opforge run --preset ops6k --count $COUNT (default 1000) on every GPU; resumable:
+#                 .gpuws/corpus.db.gz, when carried, is where it goes on (and /tmp/cws on a warm machine)
+# A machine kept warm between calls keeps build-gpu and /tmp, so a later call can skip `build`.
 # At most 8 files come back from $OUT: each step writes few (the logs of a step in one file).
 # Needs .device (../shared/device/pack-debs.sh) and .gpuws/crawl.db.gz (a crawl made on an H200) carried.
 set -uo pipefail
@@ -13,7 +17,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 P=/opt/torch/.venv/bin/python3
 B=$PWD/build-gpu/opforge
-[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|checks|corpus..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|throughput|checks|corpus..." >&2; exit 2; }
 source .device/env.sh > /dev/null
 export PATH=/opt/torch/.venv/bin:$PATH
 stamp() { echo "== $(date +%T) $*" | tee -a "$OUT/steps.txt"; }
@@ -21,28 +25,37 @@ restore_ws() {  # WS DBGZ: a workspace from a carried database
   mkdir -p "$1"
   [ -f "$1/opforge.db" ] || gunzip -c "$2" > "$1/opforge.db"
 }
+steps=()
+# A cold machine has no build-gpu: build first even when not asked.
+[ -x "$B" ] || [ "${1:-}" = build ] || steps+=(build)
 for step in "$@"; do
+  if [ "$step" = checks ]; then steps+=(eval throughput); else steps+=("$step"); fi
+done
+for step in "${steps[@]}"; do
 case $step in
   build)
     stamp build
-    if ! { cmake -S . -B build-gpu -G Ninja -DOPFORGE_PYTHON=$P -Wno-dev && cmake --build build-gpu -j"$(nproc)"; } \
+    if ! { cmake -S . -B build-gpu -G Ninja -DOPFORGE_PYTHON=$P -DOPFORGE_BUILD_TESTS=${BUILD_TESTS:-ON} -Wno-dev && cmake --build build-gpu -j"$(nproc)"; } \
         > /tmp/build.log 2>&1; then
       tail -60 /tmp/build.log > "$OUT/build_failed.log"; tail -20 /tmp/build.log; exit 1
     fi
     tail -1 /tmp/build.log
     ;;
-  checks)
+  eval)
     stamp "eval gpu tests"
     (cd build-gpu && timeout 240 ctest -L gpu --output-on-failure) > "$OUT/ctest_gpu.txt" 2>&1
     tail -4 "$OUT/ctest_gpu.txt"
     stamp "eval bench"
-    OPFORGE=$B timeout 300 bash bench/eval_gpu.sh /tmp/evg > "$OUT/eval.txt" 2>&1
+    CUDA_VISIBLE_DEVICES=0 OPFORGE=$B timeout 300 bash bench/eval_gpu.sh /tmp/evg > "$OUT/eval.txt" 2>&1
     cat "$OUT/eval.txt"
     cat /tmp/evg/all/report.md >> "$OUT/eval.txt" 2> /dev/null
-    stamp "filter throughput on GPU 0"
+    ;;
+  throughput)
+    # TP_CPUS (e.g. 0-15) pins the bench to part of a bigger machine, to stand for a one-GPU one.
+    stamp "filter throughput on GPU 0${TP_CPUS:+, cores $TP_CPUS}"
     restore_ws /tmp/fws .gpuws/crawl.db.gz
     $B compose --workspace /tmp/fws --count 300 --workers 8 2> /dev/null
-    CUDA_VISIBLE_DEVICES=0 OPFORGE=$B PYTHON=$P timeout 330 bash bench/filter_throughput.sh /tmp/fws 16 1 2 4 8 |
+    CUDA_VISIBLE_DEVICES=0 OPFORGE=$B PYTHON=$P timeout "${TP_TIMEOUT:-420}" ${TP_CPUS:+taskset -c $TP_CPUS} bash bench/filter_throughput.sh /tmp/fws "${TP_N:-20}" 8 4 2 1 |
       tee "$OUT/filter_throughput.txt"
     ;;
   corpus)

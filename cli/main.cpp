@@ -4,12 +4,12 @@
 #include <unistd.h>
 
 #include <iostream>
-#include <thread>
 
 #include "commands.h"
 #include "opforge/core/error.h"
 #include "opforge/core/log.h"
 #include "opforge/core/paths.h"
+#include "opforge/core/worker_pool.h"
 
 namespace opforge::cli {
 
@@ -19,7 +19,7 @@ void add_workspace_option(CLI::App& cmd, std::string& workspace) {
 }
 
 int default_workers() {
-  unsigned n = std::thread::hardware_concurrency();
+  unsigned n = usable_cpus();
   return static_cast<int>(std::max(1u, std::min(n, 8u)));
 }
 

@@ -11,7 +11,6 @@
 #include <random>
 #include <set>
 #include <sstream>
-#include <thread>
 
 #include "opforge/core/gpus.h"
 #include "opforge/core/error.h"
@@ -323,7 +322,7 @@ json evaluate(const EvalOptions& o) {
   OPFORGE_CHECK(device != "cuda" || gpus > 0, "--device cuda, but no NVIDIA GPU is visible (no /dev/nvidia*, or CUDA_VISIBLE_DEVICES hides them)");
   std::uint64_t seed = o.seed ? *o.seed : std::random_device{}() % 1000000007ULL;
 
-  unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  unsigned hw = usable_cpus();
   std::map<std::string, std::string> env;
   if (o.sandbox) {
     // Read-only for the solution: our Python and data, the venv, where the tasks come from.

@@ -6,7 +6,6 @@
 #include <fstream>
 #include <regex>
 #include <sstream>
-#include <thread>
 
 #include "opforge/core/gpus.h"
 #include "opforge/core/error.h"
@@ -103,7 +102,7 @@ FilterSummary filter(Workspace& ws, const FilterOptions& opts) {
     if (device == "cuda") {
       env["OPFORGE_GPU_MEM_FRACTION"] = fmt::format("{:.3f}", 0.9 / std::max(1, std::stoi(env["OPFORGE_WORKERS_ON_GPU"])));
       // Inductor's compile pool per worker: the cores shared out, so launches are not starved.
-      unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+      unsigned hw = usable_cpus();
       env["TORCHINDUCTOR_COMPILE_THREADS"] = std::to_string(std::max(1u, hw / static_cast<unsigned>(popts.workers)));
     } else {
       env.erase("CUDA_VISIBLE_DEVICES");  // on CPU the filter leaves the user's setting alone

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -136,7 +137,7 @@ void WorkerPool::spawn(int slot) {
   // Workers share the cores: oversubscribed OpenMP pools spin and turn microsecond ops into
   // scheduler-tick milliseconds, which would poison every CPU timing.
   if (!env.count("OMP_NUM_THREADS")) {
-    unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    unsigned hw = usable_cpus();
     env["OMP_NUM_THREADS"] = std::to_string(std::max(1u, hw / static_cast<unsigned>(workers_.size())));
   }
   std::vector<std::string> env_strings;
@@ -383,6 +384,13 @@ WorkerResult WorkerPool::call(const nlohmann::json& request) {
   WorkerResult out;
   run({request}, [&](WorkerResult&& r) { out = std::move(r); });
   return out;
+}
+
+unsigned usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return static_cast<unsigned>(CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
 }
 
 }  // namespace opforge

@@ -80,4 +80,9 @@ class WorkerPool {
   int startup_failures_ = 0;
 };
 
+// The cores this process may run on (its CPU affinity, as `nproc` counts them), at least 1: what
+// workers share out. std::thread::hardware_concurrency counts the machine's cores instead, which
+// oversubscribes a process pinned to a part of it (taskset, a container's cpuset).
+unsigned usable_cpus();
+
 }  // namespace opforge
