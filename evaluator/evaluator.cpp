@@ -444,6 +444,19 @@ json evaluate(const EvalOptions& o) {
                 {"compile", st.is_null(1) ? json(nullptr) : json::parse(st.text(1))},
                 {"note", st.is_null(2) ? "" : st.text(2)}};
   };
+  auto store_baselines = [&](const std::string& code, const json& res) {
+    with_context("while caching baselines", [&] {
+      db.transaction([&] {
+        auto st = db.prepare("INSERT OR REPLACE INTO eval_baselines(code_hash, device_name, torch, eager, compile, note) "
+                             "VALUES(?, ?, ?, ?, ?, ?)");
+        st.bind(1, xxh3_hex(code)).bind(2, res["device_name"].get<std::string>()).bind(3, res["torch"].get<std::string>());
+        st.bind(4, res["eager"].dump());
+        if (res["compile"].is_null()) st.bind_null(5); else st.bind(5, res["compile"].dump());
+        st.bind(6, res.value("detail", ""));
+        st.run();
+      });
+    });
+  };
   long reused = 0;
   if (!to_eval.empty()) {
     std::vector<json> reqs;
@@ -489,17 +502,7 @@ json evaluate(const EvalOptions& o) {
         const EvalTask& t = tasks[j.task];
         if (res["correct"].get<bool>()) {
           if (need[r.index] && res["eager"].is_object()) {
-            with_context("while caching baselines", [&] {
-              db.transaction([&] {
-                auto st = db.prepare("INSERT OR REPLACE INTO eval_baselines(code_hash, device_name, torch, eager, compile, note) "
-                                     "VALUES(?, ?, ?, ?, ?, ?)");
-                st.bind(1, xxh3_hex(t.code)).bind(2, res["device_name"].get<std::string>()).bind(3, res["torch"].get<std::string>());
-                st.bind(4, res["eager"].dump());
-                if (res["compile"].is_null()) st.bind_null(5); else st.bind(5, res["compile"].dump());
-                st.bind(6, res.value("detail", ""));
-                st.run();
-              });
-            });
+            store_baselines(t.code, res);
             res["baseline_cached"] = false;
           } else if (auto c = cached(t.code)) {
             res["eager"] = (*c)["eager"];
@@ -516,6 +519,36 @@ json evaluate(const EvalOptions& o) {
       progress.tick(1, fmt::format("{} correct", correct));
     });
     progress.finish();
+
+    // A task code whose measuring solution failed (baselines are taken only after a correct
+    // candidate) but another of its solutions is correct: time the reference alone, once per code.
+    std::map<std::string, std::string> missing;  // code hash -> code
+    for (auto i : to_eval) {
+      const Job& j = jobs[i];
+      const std::string& code = tasks[j.task].code;
+      if (j.row.value("correct", false) && !j.row.value("eager", json()).is_object() && !cached(code))
+        missing.emplace(xxh3_hex(code), code);
+    }
+    if (!missing.empty()) {
+      std::vector<json> breqs;
+      std::vector<std::string> bcodes;
+      for (auto& [h, code] : missing) {
+        bcodes.push_back(code);
+        breqs.push_back({{"op", "eval_baselines"},
+                         {"timeout_s", o.timeout_s},
+                         {"args", {{"task_code", code}, {"device", device}, {"trials", o.trials},
+                                   {"budget_s", o.budget_s}, {"seed", seed}}}});
+      }
+      spdlog::info("timing the reference alone for {} task(s) whose measuring solution failed", breqs.size());
+      pool->run(breqs, [&](WorkerResult&& r) {
+        if (r.outcome != Outcome::ok || !r.reply.value("ok", false)) {
+          spdlog::warn("baselines of a task could not be measured ({}): {}", outcome_name(r.outcome),
+                       r.outcome != Outcome::ok ? r.reason : r.reply.value("message", ""));
+          return;
+        }
+        store_baselines(bcodes[r.index], r.reply["result"]);
+      });
+    }
   }
 
   // Figures and reward, one place.

@@ -113,6 +113,27 @@ TEST(Eval, CpuSolutionEarnsItsRewardAndBaselinesAreCachedPerTaskCode) {
   EXPECT_FALSE(fs::exists(dir / "out2" / "report.png"));
 }
 
+TEST(Eval, BaselinesAreTakenForACorrectSolutionWhenTheSolutionChosenToMeasureThemFails) {
+  // Two names for one task code: the baselines are measured once per code, by its first
+  // solution, and only after a correct candidate. Here the first one is a hack, so the honest
+  // second one must still get eager and compile times (it got none, and reward 1 at most, before).
+  test::TempDir dir;
+  std::string code = test::read_file(eval_fixtures() / "tasks" / "linear_relu.py") + "\n# " +
+                     std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + "\n";
+  test::write_file(dir / "tasks" / "a_hack.py", code);
+  test::write_file(dir / "tasks" / "b_honest.py", code);
+  fs::create_directories(dir / "solutions");
+  fs::copy_file(eval_fixtures() / "hacks" / "returns_input.py", dir / "solutions" / "a_hack.py");
+  fs::copy_file(eval_fixtures() / "solutions" / "linear_relu.py", dir / "solutions" / "b_honest.py");
+  auto run = run_eval(dir / "tasks", dir / "solutions", dir / "out", {"--no-plots"});
+  ASSERT_EQ(run.cmd.exit_code, 0) << run.cmd.err;
+  EXPECT_EQ(run.by_solution["a_hack"]["reward"], -1) << run.by_solution["a_hack"].dump(2);
+  json r = run.by_solution["b_honest"];
+  EXPECT_TRUE(r["correct"].get<bool>()) << r.dump(2);
+  for (auto* k : {"eager_ms", "compile_ms", "speedup_eager", "speedup_compile"})
+    EXPECT_TRUE(r[k].is_number()) << k << " in " << r.dump(2);
+}
+
 TEST(Eval, EveryPlantedHackGetsRewardMinusOneWithItsReason) {
   test::TempDir dir;
   // Each hack answers its own copy of the task it targets (matched by file stem).

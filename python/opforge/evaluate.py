@@ -1,4 +1,5 @@
-"""Evaluate one candidate solution against its task (requests "eval_compile" and "eval_solution").
+"""Evaluate one candidate solution against its task (requests "eval_compile" and "eval_solution";
+"eval_baselines" times a reference alone).
 
 The KernelBench protocol, hardened. eval_compile imports the solution once so its extension is
 built into the harness's cache (a separate, parallel phase with its own time limit);
@@ -446,6 +447,28 @@ def _evaluate(result, snap, task_code, solution_dir, entry, layout, cache_dir, d
                                                              check_lock)
         if note:
             result["detail"] = note
+
+
+def eval_baselines(task_code, device="cpu", trials=100, budget_s=10.0, seed=0, timing_lock=None):
+    """The reference's eager and torch.compile times alone (request "eval_baselines"), on the same
+    input set eval_solution times on. The evaluator asks for them when a task's correct solution
+    did not measure them: the one that was to measure them (the first solution of that task code)
+    failed, and baselines are only taken after a correct candidate."""
+    device = T.resolve_device(device)
+    timing_lock = timing_lock or os.environ.get("OPFORGE_TIMING_LOCK")
+    try:
+        ref_mod = T.load_module(task_code, name="opforge_reference")
+        ref = T.build(ref_mod, device, seed=seed)
+        ref.eval()
+        inputs = T.make_inputs(ref_mod, device, seed=seed + 1000)
+        eager, comp, note = baselines(ref, inputs, device, trials, budget_s, timing_lock,
+                                      timing_lock if device.startswith("cuda") else None)
+    finally:
+        torch._dynamo.reset()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return {"eager": eager, "compile": comp, "detail": note, "device_name": device_name(device),
+            "torch": torch.__version__}
 
 
 def baselines(ref, inputs, device, trials, budget_s, timing_lock, check_lock=None):

@@ -26,6 +26,7 @@ HANDLERS = {
     "plots": "opforge.plots:plots",
     "eval_compile": "opforge.evaluate:eval_compile",
     "eval_solution": "opforge.evaluate:eval_solution",
+    "eval_baselines": "opforge.evaluate:eval_baselines",
     "eval_plots": "opforge.eval_plots:eval_plots",
 }
 
