@@ -7,6 +7,8 @@
 #     throughput  bench/filter_throughput.sh over TP_N (default 20) fresh candidates at 8/4/2/1 workers on GPU 0
 #                 (most telling row first, in case the call is cut)
 #     checks      eval + throughput
+#     dedupscale  build-gpu/bench/opforge_bench_dedup 100000 10000 1024 --no-exact: dedup's search at the
+#                 issue's scale on that machine's cores (no GPU used; 87 s on the 2-core CPU machine)
 #     corpus      opforge run --preset ops6k --count $COUNT (default 1000) on every GPU; resumable:
 #                 .gpuws/corpus.db.gz, when carried, is where it goes on (and /tmp/cws on a warm machine)
 # A machine kept warm between calls keeps build-gpu and /tmp, so a later call can skip `build`.
@@ -17,7 +19,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 P=/opt/torch/.venv/bin/python3
 B=$PWD/build-gpu/opforge
-[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|throughput|checks|corpus..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|throughput|checks|dedupscale|corpus..." >&2; exit 2; }
 source .device/env.sh > /dev/null
 export PATH=/opt/torch/.venv/bin:$PATH
 stamp() { echo "== $(date +%T) $*" | tee -a "$OUT/steps.txt"; }
@@ -59,6 +61,10 @@ case $step in
     $B compose --workspace /tmp/fws --count 300 --workers 8 2> /dev/null
     CUDA_VISIBLE_DEVICES=0 OPFORGE=$B PYTHON=$P timeout "${TP_TIMEOUT:-420}" ${TP_CPUS:+taskset -c $TP_CPUS} bash bench/filter_throughput.sh /tmp/fws "${TP_N:-20}" 8 4 2 1 |
       tee "$OUT/filter_throughput.txt"
+    ;;
+  dedupscale)
+    stamp "dedup search, 100k tasks x 10k references, $(nproc) cores"
+    timeout 300 build-gpu/bench/opforge_bench_dedup 100000 10000 1024 --no-exact 2>&1 | tee "$OUT/dedup_scale.txt"
     ;;
   corpus)
     count=${COUNT:-1000}
