@@ -5,8 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
-#include <vector>
 
 namespace opforge::dedup {
 
@@ -23,24 +21,17 @@ std::unique_ptr<faiss::Index> make_index(int d, long n, const float* x, long exa
   auto* quantizer = new faiss::IndexFlatIP(d);
   auto ivf = std::make_unique<faiss::IndexIVFFlat>(quantizer, d, nlist, faiss::METRIC_INNER_PRODUCT);
   ivf->own_fields = true;
-  // k-means on 32 points per list is plenty to place the lists and keeps training to seconds;
-  // a fixed seed keeps the lists, and so the answers, the same run to run.
-  const std::size_t sample = std::min<std::size_t>(static_cast<std::size_t>(n), 32 * nlist);
-  std::vector<std::size_t> pick(static_cast<std::size_t>(n));
-  for (std::size_t i = 0; i < pick.size(); ++i) pick[i] = i;
-  std::mt19937_64 rng(1234);
-  std::shuffle(pick.begin(), pick.end(), rng);
-  std::vector<float> train(sample * static_cast<std::size_t>(d));
-  for (std::size_t i = 0; i < sample; ++i)
-    std::copy_n(x + pick[i] * static_cast<std::size_t>(d), d, train.begin() + static_cast<std::ptrdiff_t>(i * d));
+  // k-means on 32 points per list is plenty to place the lists and keeps training to seconds:
+  // faiss draws that sample itself (max_points_per_centroid), with cp.seed, so the lists, and so
+  // the answers, are the same run to run.
   ivf->cp.seed = 1234;
   // 10 k-means iterations instead of faiss's 25: training is most of the build (100k x 10k on 2
-  // cores: 44 s instead of 87 s) and the lists it places find the same pairs (bench/dedup_scale.cpp:
+  // cores: 26 s instead of 87 s) and the lists it places find the same pairs (bench/dedup_scale.cpp:
   // 953/999 and 199/200 at 100k, 286/299 and 60/60 at 30k, as exact search does there).
   ivf->cp.niter = 10;
   ivf->cp.max_points_per_centroid = 32;
   ivf->cp.min_points_per_centroid = 8;
-  ivf->train(static_cast<idx_t>(sample), train.data());
+  ivf->train(static_cast<idx_t>(n), x);
   ivf->add(static_cast<idx_t>(n), x);
   ivf->nprobe = static_cast<std::size_t>(nprobe);
   return ivf;

@@ -367,9 +367,9 @@ json evaluate(const EvalOptions& o) {
     p.env = env;
     // torch's ninja builds take MAX_JOBS cores each: the cores shared out between the builds.
     p.env["MAX_JOBS"] = std::to_string(std::max(1u, hw / static_cast<unsigned>(p.workers)));
-    for (int i = 0; i < p.workers; ++i)
-      p.slot_env.push_back(device == "cuda" ? std::map<std::string, std::string>{{"CUDA_VISIBLE_DEVICES", gpu_ids[i % gpus]}}
-                                            : std::map<std::string, std::string>{{"CUDA_VISIBLE_DEVICES", ""}});
+    // Pinned like the evaluation workers (builds import torch, and a CUDA extension may touch its GPU).
+    p.slot_env = gpu_slot_env(device == "cuda" ? gpu_ids : std::vector<std::string>{}, p.workers,
+                              fs::absolute(cache) / "locks");
     WorkerPool pool(p);
     std::vector<json> reqs;
     for (auto i : to_build)
@@ -457,17 +457,11 @@ json evaluate(const EvalOptions& o) {
       });
     });
   };
-  long reused = 0;
+  std::set<std::string> measured_now;  // code hashes whose baselines this run measured
   if (!to_eval.empty()) {
     std::vector<json> reqs;
-    std::vector<bool> need;
-    std::set<std::string> measuring;
     for (auto i : to_eval) {
       const EvalTask& t = tasks[jobs[i].task];
-      // One solution per task code measures the baselines; the others take them from the cache
-      // (now or, when they finish first, after the run).
-      bool n = !cached(t.code).has_value() && measuring.insert(xxh3_hex(t.code)).second;
-      need.push_back(n);
       reqs.push_back({{"op", "eval_solution"},
                       {"timeout_s", o.timeout_s},
                       {"args",
@@ -483,8 +477,7 @@ json evaluate(const EvalOptions& o) {
                         {"correct_trials", o.correct_trials},
                         {"trials", o.trials},
                         {"budget_s", o.budget_s},
-                        {"seed", seed},
-                        {"need_baselines", n}}}});
+                        {"seed", seed}}}});
     }
     spdlog::info("evaluating {} solution(s) on {} ({}) with {} worker(s), policy {}, seed {}", reqs.size(), device,
                  devname, eval_workers, o.policy, seed);
@@ -499,19 +492,6 @@ json evaluate(const EvalOptions& o) {
         finish_row(j, failed_row("eval_error", r.reply.value("message", "") + "\n" + tail(r.reply.value("traceback", ""), 2000), true));
       } else {
         json res = r.reply["result"];
-        const EvalTask& t = tasks[j.task];
-        if (res["correct"].get<bool>()) {
-          if (need[r.index] && res["eager"].is_object()) {
-            store_baselines(t.code, res);
-            res["baseline_cached"] = false;
-          } else if (auto c = cached(t.code)) {
-            res["eager"] = (*c)["eager"];
-            res["compile"] = (*c)["compile"];
-            if (!(*c)["note"].get<std::string>().empty()) res["detail"] = (*c)["note"];
-            res["baseline_cached"] = true;
-            ++reused;
-          }
-        }
         res["compile_seconds"] = compile_s;
         finish_row(j, res);
       }
@@ -520,14 +500,13 @@ json evaluate(const EvalOptions& o) {
     });
     progress.finish();
 
-    // A task code whose measuring solution failed (baselines are taken only after a correct
-    // candidate) but another of its solutions is correct: time the reference alone, once per code.
+    // Baselines once per task code that has a correct solution and none cached, each in a request
+    // of its own: timed after the solutions, no failing (or crashing) solution of the same code
+    // can take a correct one's speed-up away.
     std::map<std::string, std::string> missing;  // code hash -> code
     for (auto i : to_eval) {
-      const Job& j = jobs[i];
-      const std::string& code = tasks[j.task].code;
-      if (j.row.value("correct", false) && !j.row.value("eager", json()).is_object() && !cached(code))
-        missing.emplace(xxh3_hex(code), code);
+      const std::string& code = tasks[jobs[i].task].code;
+      if (jobs[i].row.value("correct", false) && !cached(code)) missing.emplace(xxh3_hex(code), code);
     }
     if (!missing.empty()) {
       std::vector<json> breqs;
@@ -539,7 +518,7 @@ json evaluate(const EvalOptions& o) {
                          {"args", {{"task_code", code}, {"device", device}, {"trials", o.trials},
                                    {"budget_s", o.budget_s}, {"seed", seed}}}});
       }
-      spdlog::info("timing the reference alone for {} task(s) whose measuring solution failed", breqs.size());
+      spdlog::info("timing eager and torch.compile baselines of {} task(s)", breqs.size());
       pool->run(breqs, [&](WorkerResult&& r) {
         if (r.outcome != Outcome::ok || !r.reply.value("ok", false)) {
           spdlog::warn("baselines of a task could not be measured ({}): {}", outcome_name(r.outcome),
@@ -547,20 +526,25 @@ json evaluate(const EvalOptions& o) {
           return;
         }
         store_baselines(bcodes[r.index], r.reply["result"]);
+        measured_now.insert(xxh3_hex(bcodes[r.index]));
       });
     }
   }
 
   // Figures and reward, one place.
+  long reused = 0;
   json results = json::array();
   for (auto& j : jobs) {
     json& r = j.row;
-    if (r.value("correct", false) && !r.value("eager", json()).is_object()) {
-      if (auto c = cached(tasks[j.task].code)) {
+    if (r.value("correct", false)) {
+      const std::string& code = tasks[j.task].code;
+      if (auto c = cached(code)) {
         r["eager"] = (*c)["eager"];
         r["compile"] = (*c)["compile"];
-        r["baseline_cached"] = true;
-        ++reused;
+        if (!(*c)["note"].get<std::string>().empty()) r["detail"] = (*c)["note"];
+        // Cached: measured by an earlier run, not this one.
+        r["baseline_cached"] = !measured_now.count(xxh3_hex(code));
+        reused += r["baseline_cached"].get<bool>();
       }
     }
     auto cand = num(r.value("candidate", json()), "median_ms");

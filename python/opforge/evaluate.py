@@ -1,5 +1,5 @@
-"""Evaluate one candidate solution against its task (requests "eval_compile" and "eval_solution";
-"eval_baselines" times a reference alone).
+"""Evaluate one candidate solution against its task (requests "eval_compile", "eval_solution" and
+"eval_baselines").
 
 The KernelBench protocol, hardened. eval_compile imports the solution once so its extension is
 built into the harness's cache (a separate, parallel phase with its own time limit);
@@ -20,9 +20,10 @@ eval_solution imports it again (the build is cached), checks it and times it:
 3. When the reference's outputs are the same for every input set within tolerance (a
    degenerate-looking task: a constant would pass), both run once more on stressed inputs
    (floats x*4+1): a mismatch is incorrect; a reference still constant flags degenerate_task.
-4. Timing with opforge.timing.time_fn (candidate under its guard; eager and torch.compile of the
-   reference only when asked: the supervisor caches them), then one more fresh input set is
-   checked, so a solution that changes behaviour once it is being timed is caught.
+4. Timing of the candidate under its guard with opforge.timing.time_fn, then one more fresh input
+   set is checked, so a solution that changes behaviour once it is being timed is caught. The
+   eager and torch.compile baselines are timed the same way in eval_baselines, once per task code
+   (the supervisor caches them).
 
 Every outcome is a value with a reason (docs/reasons.md); the reward is computed by the
 supervisor from these figures.
@@ -338,8 +339,7 @@ def _describe_struct(s):
 
 
 def eval_solution(task_code, solution_dir, entry, layout, cache_dir, device="cpu", policy="strict", atol=1e-2,
-                  rtol=1e-2, correct_trials=5, trials=100, budget_s=10.0, seed=0, need_baselines=True,
-                  timing_lock=None):
+                  rtol=1e-2, correct_trials=5, trials=100, budget_s=10.0, seed=0, timing_lock=None):
     device = T.resolve_device(device)
     timing_lock = timing_lock or os.environ.get("OPFORGE_TIMING_LOCK")
     result = {"compiled": False, "correct": False, "reason": None, "detail": "", "max_error": None, "flags": [],
@@ -350,7 +350,7 @@ def eval_solution(task_code, solution_dir, entry, layout, cache_dir, device="cpu
     snap = TamperSnapshot()
     try:
         _evaluate(result, snap, task_code, solution_dir, entry, layout, cache_dir, device, policy, atol, rtol,
-                  correct_trials, trials, budget_s, seed, need_baselines, timing_lock)
+                  correct_trials, trials, budget_s, seed, timing_lock)
     except Fail as f:
         result["reason"], result["detail"] = f.reason, str(f)
         result["correct"] = False
@@ -358,14 +358,25 @@ def eval_solution(task_code, solution_dir, entry, layout, cache_dir, device="cpu
         result["reason"], result["detail"], result["correct"] = "out_of_memory", str(e)[:2000], False
     finally:
         snap.restore()
-        torch._dynamo.reset()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        _release()
     return result
 
 
+def _release():
+    """What one request leaves behind: compiled graphs and cached device memory."""
+    torch._dynamo.reset()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _timing_inputs(ref_mod, device, seed):
+    """The one input set the candidate and the baselines are timed on (eval_baselines builds it
+    again in its own request: same seed, same tensors)."""
+    return T.make_inputs(ref_mod, device, seed=seed + 1000)
+
+
 def _evaluate(result, snap, task_code, solution_dir, entry, layout, cache_dir, device, policy, atol, rtol,
-              correct_trials, trials, budget_s, seed, need_baselines, timing_lock):
+              correct_trials, trials, budget_s, seed, timing_lock):
     try:
         ref_mod = T.load_module(task_code, name="opforge_reference")
         ref = T.build(ref_mod, device, seed=seed)
@@ -416,7 +427,7 @@ def _evaluate(result, snap, task_code, solution_dir, entry, layout, cache_dir, d
 
     # Timing: the candidate under the same guard it was checked with, so it cannot tell checking
     # from timing apart; the same input set for candidate and baselines.
-    inputs = T.make_inputs(ref_mod, device, seed=seed + 1000)
+    inputs = _timing_inputs(ref_mod, device, seed)
     del ctx.prev[:]
     last = []
 
@@ -442,31 +453,23 @@ def _evaluate(result, snap, task_code, solution_dir, entry, layout, cache_dir, d
     with timing.shared(check_lock):
         ctx.one(T.make_inputs(ref_mod, device, seed=seed + 2000), "a fresh input set after timing")
     result["correct"] = True
-    if need_baselines:
-        result["eager"], result["compile"], note = baselines(ref, inputs, device, trials, budget_s, timing_lock,
-                                                             check_lock)
-        if note:
-            result["detail"] = note
 
 
 def eval_baselines(task_code, device="cpu", trials=100, budget_s=10.0, seed=0, timing_lock=None):
-    """The reference's eager and torch.compile times alone (request "eval_baselines"), on the same
-    input set eval_solution times on. The evaluator asks for them when a task's correct solution
-    did not measure them: the one that was to measure them (the first solution of that task code)
-    failed, and baselines are only taken after a correct candidate."""
+    """The reference's eager and torch.compile times (request "eval_baselines"), on the input set
+    eval_solution times the candidate on. The evaluator asks once per task code, after the
+    solutions, and only for codes with a correct solution and no cached baselines: in a request of
+    their own, so no solution's failure (or crash) can take a correct neighbour's speed-up away."""
     device = T.resolve_device(device)
     timing_lock = timing_lock or os.environ.get("OPFORGE_TIMING_LOCK")
     try:
         ref_mod = T.load_module(task_code, name="opforge_reference")
         ref = T.build(ref_mod, device, seed=seed)
         ref.eval()
-        inputs = T.make_inputs(ref_mod, device, seed=seed + 1000)
-        eager, comp, note = baselines(ref, inputs, device, trials, budget_s, timing_lock,
-                                      timing_lock if device.startswith("cuda") else None)
+        eager, comp, note = baselines(ref, _timing_inputs(ref_mod, device, seed), device, trials, budget_s,
+                                      timing_lock, timing_lock if device.startswith("cuda") else None)
     finally:
-        torch._dynamo.reset()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        _release()
     return {"eager": eager, "compile": comp, "detail": note, "device_name": device_name(device),
             "torch": torch.__version__}
 
