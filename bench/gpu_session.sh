@@ -22,6 +22,12 @@ B=$PWD/build-gpu/opforge
 [ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|throughput|checks|dedupscale|corpus..." >&2; exit 2; }
 source .device/env.sh > /dev/null
 export PATH=/opt/torch/.venv/bin:$PATH
+# .device packs Debian's reference BLAS (libblas3) so faiss links; at run time use the machine's own
+# OpenBLAS where it has one, as a user's machine would (with reference sgemm dedup's 100k x 10k
+# search had not finished training its inverted file after 300 s on 16 cores).
+for d in /usr/lib/x86_64-linux-gnu/openblas-pthread /usr/lib/x86_64-linux-gnu/openblas-openmp; do
+  [ -f "$d/libblas.so.3" ] && { export LD_LIBRARY_PATH=$d:$LD_LIBRARY_PATH; break; }
+done
 stamp() { echo "== $(date +%T) $*" | tee -a "$OUT/steps.txt"; }
 restore_ws() {  # WS DBGZ: a workspace from a carried database
   mkdir -p "$1"
@@ -64,7 +70,8 @@ case $step in
     ;;
   dedupscale)
     stamp "dedup search, 100k tasks x 10k references, $(nproc) cores"
-    timeout 300 build-gpu/bench/opforge_bench_dedup 100000 10000 1024 --no-exact 2>&1 | tee "$OUT/dedup_scale.txt"
+    ldd build-gpu/bench/opforge_bench_dedup | grep -E "blas|lapack" | tee "$OUT/dedup_scale.txt"
+    timeout 300 build-gpu/bench/opforge_bench_dedup 100000 10000 1024 --no-exact 2>&1 | tee -a "$OUT/dedup_scale.txt"
     ;;
   corpus)
     count=${COUNT:-1000}
