@@ -436,20 +436,21 @@ json evaluate(const EvalOptions& o) {
   std::string torch_version = worker_info.value("torch", "");
   if (device == "cuda") devname = worker_info.value("device_name", "cuda");
 
-  auto cached = [&](const std::string& code) -> std::optional<json> {
+  auto cached = [&](const std::string& hash) -> std::optional<json> {
     auto st = db.prepare("SELECT eager, compile, note FROM eval_baselines WHERE code_hash = ? AND device_name = ? AND torch = ?");
-    st.bind(1, xxh3_hex(code)).bind(2, devname).bind(3, torch_version);
+    st.bind(1, hash).bind(2, devname).bind(3, torch_version);
     if (!st.step()) return std::nullopt;
     return json{{"eager", json::parse(st.text(0))},
                 {"compile", st.is_null(1) ? json(nullptr) : json::parse(st.text(1))},
-                {"note", st.is_null(2) ? "" : st.text(2)}};
+                {"note", st.is_null(2) ? "" : st.text(2)},
+                {"cached", true}};
   };
-  auto store_baselines = [&](const std::string& code, const json& res) {
+  auto store_baselines = [&](const std::string& hash, const json& res) {
     with_context("while caching baselines", [&] {
       db.transaction([&] {
         auto st = db.prepare("INSERT OR REPLACE INTO eval_baselines(code_hash, device_name, torch, eager, compile, note) "
                              "VALUES(?, ?, ?, ?, ?, ?)");
-        st.bind(1, xxh3_hex(code)).bind(2, res["device_name"].get<std::string>()).bind(3, res["torch"].get<std::string>());
+        st.bind(1, hash).bind(2, res["device_name"].get<std::string>()).bind(3, res["torch"].get<std::string>());
         st.bind(4, res["eager"].dump());
         if (res["compile"].is_null()) st.bind_null(5); else st.bind(5, res["compile"].dump());
         st.bind(6, res.value("detail", ""));
@@ -457,7 +458,9 @@ json evaluate(const EvalOptions& o) {
       });
     });
   };
-  std::set<std::string> measured_now;  // code hashes whose baselines this run measured
+  // Baselines of the task codes with a correct solution, by xxh3 of the code: eager, compile, note
+  // and cached (true when an earlier run measured them).
+  std::map<std::string, json> base;
   if (!to_eval.empty()) {
     std::vector<json> reqs;
     for (auto i : to_eval) {
@@ -505,14 +508,17 @@ json evaluate(const EvalOptions& o) {
     // can take a correct one's speed-up away.
     std::map<std::string, std::string> missing;  // code hash -> code
     for (auto i : to_eval) {
+      if (!jobs[i].row.value("correct", false)) continue;
       const std::string& code = tasks[jobs[i].task].code;
-      if (jobs[i].row.value("correct", false) && !cached(code)) missing.emplace(xxh3_hex(code), code);
+      std::string h = xxh3_hex(code);
+      if (base.count(h) || missing.count(h)) continue;
+      if (auto c = cached(h)) base[h] = std::move(*c); else missing.emplace(h, code);
     }
     if (!missing.empty()) {
       std::vector<json> breqs;
-      std::vector<std::string> bcodes;
+      std::vector<std::string> bhashes;
       for (auto& [h, code] : missing) {
-        bcodes.push_back(code);
+        bhashes.push_back(h);
         breqs.push_back({{"op", "eval_baselines"},
                          {"timeout_s", o.timeout_s},
                          {"args", {{"task_code", code}, {"device", device}, {"trials", o.trials},
@@ -525,8 +531,10 @@ json evaluate(const EvalOptions& o) {
                        r.outcome != Outcome::ok ? r.reason : r.reply.value("message", ""));
           return;
         }
-        store_baselines(bcodes[r.index], r.reply["result"]);
-        measured_now.insert(xxh3_hex(bcodes[r.index]));
+        const json& res = r.reply["result"];
+        store_baselines(bhashes[r.index], res);
+        base[bhashes[r.index]] = {{"eager", res["eager"]}, {"compile", res["compile"]},
+                                  {"note", res.value("detail", "")}, {"cached", false}};
       });
     }
   }
@@ -537,14 +545,12 @@ json evaluate(const EvalOptions& o) {
   for (auto& j : jobs) {
     json& r = j.row;
     if (r.value("correct", false)) {
-      const std::string& code = tasks[j.task].code;
-      if (auto c = cached(code)) {
-        r["eager"] = (*c)["eager"];
-        r["compile"] = (*c)["compile"];
-        if (!(*c)["note"].get<std::string>().empty()) r["detail"] = (*c)["note"];
-        // Cached: measured by an earlier run, not this one.
-        r["baseline_cached"] = !measured_now.count(xxh3_hex(code));
-        reused += r["baseline_cached"].get<bool>();
+      if (auto b = base.find(xxh3_hex(tasks[j.task].code)); b != base.end()) {
+        r["eager"] = b->second["eager"];
+        r["compile"] = b->second["compile"];
+        if (!b->second["note"].get<std::string>().empty()) r["detail"] = b->second["note"];
+        r["baseline_cached"] = b->second["cached"];
+        reused += b->second["cached"].get<bool>();
       }
     }
     auto cand = num(r.value("candidate", json()), "median_ms");

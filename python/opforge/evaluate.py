@@ -409,7 +409,7 @@ def _evaluate(result, snap, task_code, solution_dir, entry, layout, cache_dir, d
     guard = StrictGuard() if policy == "strict" else NoGuard()
     ctx = _Ctx(ref_mod, ref, new, guard, calls, snap, device, policy, atol, rtol)
     # Checks share the GPU with other workers' checks, never with a neighbour's timed region.
-    check_lock = timing_lock if device.startswith("cuda") else None
+    check_lock = timing.check_lock(timing_lock, device)
     refs = []
     with timing.shared(check_lock):
         for k in range(correct_trials):
@@ -467,14 +467,14 @@ def eval_baselines(task_code, device="cpu", trials=100, budget_s=10.0, seed=0, t
         ref = T.build(ref_mod, device, seed=seed)
         ref.eval()
         eager, comp, note = baselines(ref, _timing_inputs(ref_mod, device, seed), device, trials, budget_s,
-                                      timing_lock, timing_lock if device.startswith("cuda") else None)
+                                      timing_lock)
     finally:
         _release()
     return {"eager": eager, "compile": comp, "detail": note, "device_name": device_name(device),
             "torch": torch.__version__}
 
 
-def baselines(ref, inputs, device, trials, budget_s, timing_lock, check_lock=None):
+def baselines(ref, inputs, device, trials, budget_s, timing_lock):
     """Eager and torch.compile of the reference, timed exactly like the candidate. A compile
     failure leaves compile None (the reward then cannot reach 3) with a note."""
     def run(m):
@@ -485,7 +485,7 @@ def baselines(ref, inputs, device, trials, budget_s, timing_lock, check_lock=Non
     note = ""
     try:
         compiled = torch.compile(ref)
-        with timing.shared(check_lock):
+        with timing.shared(timing.check_lock(timing_lock, device)):
             run(compiled)  # compiles: GPU work beside other checks, not in a timed region
         comp = timing.time_fn(lambda: run(compiled), device, trials=trials, budget_s=budget_s, lock_path=timing_lock)
     except Exception as e:  # noqa: BLE001

@@ -171,7 +171,7 @@ def _judge(code, device="cpu", min_ms=1.0, max_ms=100.0, calibrate=True, free_si
     try:
         for step in range(MAX_CALIBRATION_STEPS + 1):
             mod, model, inputs, out, ops = eager_checks(code, device, rtol, atol,
-                                                        timing_lock if device.startswith("cuda") else None)
+                                                        timing.check_lock(timing_lock, device))
             eager = _guard("eager_error", lambda: timing.time_fn(lambda: _run(model, inputs), device, trials=trials,
                                                                  lock_path=timing_lock))
             med = eager["median_ms"]

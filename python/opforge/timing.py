@@ -62,6 +62,13 @@ def shared(lock_path):
         yield
 
 
+def check_lock(lock_path, device):
+    """The lock that untimed work (checks, the first compiled call) shares with timers: the
+    device's timing lock on a GPU, where a neighbour's kernels inside a timed region would be
+    timed too; none on the CPU, where checks have never waited for timers."""
+    return lock_path if device.startswith("cuda") else None
+
+
 def pending_after_stream_ms():
     """After the current stream's work is done, how long a device-wide sync still waits (ms).
 
