@@ -61,8 +61,12 @@ void add_eval(CLI::App& app, Runner& run) {
                   "Baseline timings (baselines.db) and built extensions (default: ~/.cache/opforge/eval)");
   auto* seed = cmd->add_option("--seed", o->seed, "Seed of the input sets (default: drawn per run, in the report)");
   cmd->add_flag("--no-sandbox", o->no_sandbox,
-                "Run solutions without the network/read-only sandbox (it is skipped with a note where the platform "
-                "refuses user namespaces anyway)");
+                "Run each solution's child without bubblewrap (its rows are flagged sandbox_off and earn at most 1)");
+  cmd->add_flag("--require-sandbox", o->e.require_sandbox,
+                "Fail instead of running solutions unsandboxed when bubblewrap cannot run here");
+  cmd->add_option("--child-memory-mb", o->e.child_memory_mb,
+                  "Memory limit of one solution's sandbox, through a cgroup where the machine has one (default: the "
+                  "per-worker limit)");
   cmd->add_flag("--no-plots", o->no_plots, "Skip report.png (needs matplotlib in the venv)");
   cmd->callback([&run, o, seed] {
     run = [o, seed] {
@@ -75,6 +79,7 @@ void add_eval(CLI::App& app, Runner& run) {
       o->e.plots = !o->no_plots;
       if (o->e.memory_limit_mb == 0)
         o->e.memory_limit_mb = default_memory_limit_mb(std::max(2, o->e.workers > 0 ? o->e.workers : default_workers()));
+      if (o->e.child_memory_mb == 0) o->e.child_memory_mb = o->e.memory_limit_mb;
       auto report = evaluator::evaluate(o->e);
       const auto& s = report["summary"];
       std::cout << evaluator::report_markdown(report);

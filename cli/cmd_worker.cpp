@@ -1,8 +1,5 @@
-#include <unistd.h>
-
 #include "commands.h"
 #include "opforge/core/python_runtime.h"
-#include "sandbox.h"
 
 namespace opforge::cli {
 
@@ -11,14 +8,14 @@ void add_worker(CLI::App& app, Runner& run) {
                                  "Internal: a worker process of the pool. Embeds Python, imports torch, answers "
                                  "JSON-line requests from stdin on --protocol-fd. Started by other subcommands.");
   auto fd = std::make_shared<int>(1);
-  cmd->add_option("--protocol-fd", *fd, "File descriptor replies are written to")->capture_default_str();
-  cmd->callback([&run, fd] {
-    run = [fd] {
-      // Evaluator workers ask for no network and a read-only harness; entered while this process
-      // is still single-threaded (before the interpreter starts).
-      evaluator::enter_sandbox_from_env();
-      return serve_worker(*fd);
-    };
+  auto candidate = std::make_shared<bool>(false);
+  cmd->add_option("--protocol-fd", *fd, "File descriptor replies are written to (with --candidate: the socket "
+                                        "shared with the judge)")->capture_default_str();
+  cmd->add_flag("--candidate", *candidate,
+                "Run as the judge's single-use solution child (python/opforge/candidate.py), started by "
+                "`opforge eval` inside its sandbox");
+  cmd->callback([&run, fd, candidate] {
+    run = [fd, candidate] { return *candidate ? serve_candidate(*fd) : serve_worker(*fd); };
   });
 }
 

@@ -22,6 +22,7 @@ void add_export(CLI::App& app, Runner& run);
 void add_worker(CLI::App& app, Runner& run);
 void add_eval(CLI::App& app, Runner& run);
 void add_run(CLI::App& app, Runner& run);
+void add_sandbox_exec(CLI::App& app, Runner& run);
 
 // Shared option helpers.
 void add_workspace_option(CLI::App& cmd, std::string& workspace);

@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   opforge::cli::add_status(app, run);
   opforge::cli::add_eval(app, run);
   opforge::cli::add_worker(app, run);
+  opforge::cli::add_sandbox_exec(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

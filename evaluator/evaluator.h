@@ -60,7 +60,9 @@ struct EvalOptions {
   int workers = 0;                  // 0: one per GPU, 1 on the CPU
   std::size_t memory_limit_mb = 0;  // RSS per worker; 0: 60% of RAM shared by the workers
   std::optional<std::uint64_t> seed;  // of the input sets; empty: drawn per run (recorded)
-  bool sandbox = true;              // no network, read-only harness for the workers (sandbox.h)
+  bool sandbox = true;              // each solution's child under bubblewrap (core/sandbox.h)
+  bool require_sandbox = false;     // fail instead of running solutions unsandboxed
+  std::size_t child_memory_mb = 0;  // memory limit of one solution's sandbox (cgroup); 0: none
   bool plots = true;
 };
 

@@ -116,4 +116,10 @@ int serve_worker(int protocol_fd) {
   return 0;
 }
 
+int serve_candidate(int socket_fd) {
+  PythonRuntime rt(python_executable(), python_package_dir());
+  rt.call("opforge.candidate", "main", std::to_string(socket_fd));
+  return 0;
+}
+
 }  // namespace opforge

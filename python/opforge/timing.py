@@ -1,6 +1,9 @@
-"""The one timing protocol of opforge (filter and evaluator): warm-up, synchronisation, median of
-repeated trials; on CUDA, CUDA events, an L2 flush between trials and an exclusive per-GPU lock
-held only while timing, so workers compile in parallel but never time on top of each other."""
+"""The one timing protocol of opforge (filter and judge): warm-up, the host's wall clock around
+each device-synchronised call, median of repeated trials; on CUDA an L2 flush between trials and
+an exclusive per-GPU lock held only while timing, so workers compile in parallel but never time
+on top of each other. Wall time rather than CUDA events because the judge times calls made in
+another process, whose events it cannot trust (time_calls); the filter uses the same clock so a
+task's eager time means the same thing in both."""
 import contextlib
 import fcntl
 import gc
@@ -125,32 +128,37 @@ def _stats(times):
             "spread": (p90 - p10) / med if med > 0 else 0.0}
 
 
-def _trials(fn, device, cuda, trials, budget_s):
+def sync(device):
+    """The synchronisation every timed call ends with: the whole device, so work on side streams
+    is part of the call."""
+    if str(device).startswith("cuda"):
+        _sync()
+
+
+def _trials(call, device, trials, budget_s, before, after):
     times = []
     start_all = _perf()
     for i in range(trials):
-        if cuda:
-            _flush_l2(device)
-            start, end = _Event(enable_timing=True), _Event(enable_timing=True)
-            _sync()
-            start.record()
-            fn()
-            # Device-wide sync before the end event so work on side streams is counted.
-            _sync()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = _perf()
-            fn()
-            times.append((_perf() - t0) * 1e3)
+        if before is not None:
+            before(i)  # fresh inputs, L2 flush: outside the timed region
+        t0 = _perf()
+        call()
+        times.append((_perf() - t0) * 1e3)
+        if after is not None:
+            after(i)  # reading back a sampled output: outside it too
         if i >= 2 and _perf() - start_all > budget_s:
             break
     return times
 
 
-def time_fn(fn, device, warmup=3, trials=20, budget_s=5.0, lock_path=None, max_spread=0.03, retries=2):
-    """Runs fn() (already compiled/warm is fine) and returns timing stats in milliseconds.
+def time_calls(call, device, warmup=3, trials=20, budget_s=5.0, lock_path=None, max_spread=0.03, retries=2,
+               before=None, after=None):
+    """The one timing protocol of opforge, used by the filter (in its worker) and by the judge
+    (around a call into the solution's child process): the host's wall clock around `call()`,
+    which must return only once its device work is done (time_fn's call synchronises the device;
+    the judge's call returns when the child has synchronised and answered). `before(i)` prepares
+    trial i outside the timed region (on CUDA it should end with flush_l2 and a sync), `after(i)`
+    inspects it afterwards. Returns stats in milliseconds.
 
     Trials stop early once budget_s is spent (at least 3 are taken) so a slow task cannot stall a
     worker; the median is the figure, the spread is (p90 - p10) / median. A set of trials whose
@@ -160,21 +168,39 @@ def time_fn(fn, device, warmup=3, trials=20, budget_s=5.0, lock_path=None, max_s
     disturb a set of trials now and then rather than the task's own time. `attempts` says how many
     sets were taken. On CPU a set is taken once: there the spread is the host's own (workers share
     its cores for everything), and a retake would only lengthen every CPU run."""
-    cuda = str(device).startswith("cuda")
-    if not cuda:
+    if not str(device).startswith("cuda"):
         retries = 0
     with exclusive(lock_path), _quiet_host():
         for _ in range(warmup):
-            fn()
-        if cuda:
-            _sync()
+            if before is not None:
+                before(-1)
+            call()
         start_all = _perf()
         best = None
         for attempt in range(1 + retries):
-            stats = _stats(_trials(fn, device, cuda, trials, budget_s))
+            stats = _stats(_trials(call, device, trials, budget_s, before, after))
             if best is None or stats["spread"] < best["spread"]:
                 best = stats
             if best["spread"] <= max_spread or _perf() - start_all > budget_s:
                 break
     best["attempts"] = attempt + 1
     return best
+
+
+def flush_l2(device):
+    if str(device).startswith("cuda"):
+        _flush_l2(device)
+
+
+def time_fn(fn, device, warmup=3, trials=20, budget_s=5.0, lock_path=None, max_spread=0.03, retries=2):
+    """time_calls for code that runs in this process (the filter's eager and compiled models):
+    each trial is fn() plus a device-wide sync, after an L2 flush."""
+    def call():
+        fn()
+        sync(device)
+
+    def before(_i):
+        flush_l2(device)
+        sync(device)
+
+    return time_calls(call, device, warmup, trials, budget_s, lock_path, max_spread, retries, before=before)

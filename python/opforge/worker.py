@@ -24,9 +24,9 @@ HANDLERS = {
     "judge": "opforge.filter:judge",
     "features": "opforge.features:features",
     "plots": "opforge.plots:plots",
-    "eval_compile": "opforge.evaluate:eval_compile",
-    "eval_solution": "opforge.evaluate:eval_solution",
-    "eval_baselines": "opforge.evaluate:eval_baselines",
+    "eval_compile": "opforge.judge:eval_compile",
+    "eval_solution": "opforge.judge:eval_solution",
+    "eval_baselines": "opforge.judge:eval_baselines",
     "eval_plots": "opforge.eval_plots:eval_plots",
 }
 
@@ -51,6 +51,7 @@ def _versions():
     }
     if torch.cuda.is_available():
         info["device_name"] = torch.cuda.get_device_name(0)
+        info["device_uuid"] = str(getattr(torch.cuda.get_device_properties(0), "uuid", ""))
         info["cuda"] = torch.version.cuda
     return info
 

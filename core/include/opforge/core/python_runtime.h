@@ -29,4 +29,9 @@ class PythonRuntime {
 // Returns when stdin closes.
 int serve_worker(int protocol_fd);
 
+// Body of `opforge worker --candidate`: the single-use child that runs one untrusted solution
+// for the judge (python/opforge/candidate.py), speaking on the inherited socket `socket_fd`.
+// Returns when the judge closes the socket or says exit.
+int serve_candidate(int socket_fd);
+
 }  // namespace opforge

@@ -1,0 +1,367 @@
+"""The solution's side of the judge: the program of a fresh, sandboxed child process
+(`opforge worker --candidate`), used once and killed.
+
+Everything here runs next to untrusted code and is treated by the judge as the solution's own
+words: the judge keeps the reference, draws the inputs, writes them into shared memory just before
+each call, reads the outputs back as bytes and compares them itself, and times each call with its
+own clock (python/opforge/judge.py). What this process reports about itself (which torch ops the
+profiler saw, how often the extension was called) is evidence for the strict policy, weighed by
+the judge; a solution that silences it is still held to its outputs and its time.
+
+Requests (JSON on the inherited socket, python/opforge/shm.py), answered in order:
+  load     {files, entry, layout, artifacts, device, policy}  solution files into /work, import it
+  discover {files, entry, layout}   import it with recording build hooks; reply with the calls
+  compile  {record | folder, files} build one extension into /work/out (compiler child)
+  reference {task_code, compile}    ModelNew := the task's Model (baseline child, trusted code)
+  init     {init, state}            ModelNew(*init), the reference's weights by name
+  bind     {inputs, specs, out}     views of the judge's input arena and of the output arena
+  run      {mode, fetch}            one forward; mode "check" collects evidence
+  fetch    {}                       copy the last output into the output arena
+"""
+import os
+import sys
+import time
+import traceback
+import types
+
+import torch
+
+from opforge import extensions as X
+from opforge import shm
+
+WORK = os.environ.get("OPFORGE_WORK", "/work")
+
+
+class Refused(Exception):
+    def __init__(self, reason, detail):
+        super().__init__(detail)
+        self.reason = reason
+
+
+class State:
+    def __init__(self, chan):
+        self.chan = chan
+        self.device = "cpu"
+        self.policy = "strict"
+        self.module = None
+        self.model_cls = None
+        self.model = None
+        self.args = None
+        self.out_views = None
+        self.last = None
+        self.calls = None
+        self.keep = []  # arenas and tensors the solution's views depend on
+
+
+# ---------------------------------------------------------------------------------------------
+# Files and imports
+
+
+def _write_files(msg, fds):
+    """The solution's files, sent as one memfd blob with a manifest, written under /work."""
+    if not msg.get("files"):
+        return
+    blob = shm.HostArena(fds[0], int(msg["files_bytes"]))
+    base = os.path.realpath(WORK)
+    for f in msg["files"]:
+        rel = os.path.normpath(f["path"])
+        if rel.startswith("..") or os.path.isabs(rel):
+            raise Refused("protocol_error", f"file path {f['path']} leaves the work folder")
+        dst = os.path.join(base, rel)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        with open(dst, "wb") as out:
+            out.write(blob.map[int(f["offset"]):int(f["offset"]) + int(f["size"])])
+    blob.close()
+
+
+def _exec_module(path):
+    mod = types.ModuleType("opforge_solution")
+    mod.__file__ = path
+    try:
+        with open(path) as f:
+            code = compile(f.read(), path, "exec")
+    except FileNotFoundError:
+        raise Refused("no_model_new", f"the solution has no {os.path.basename(path)}") from None
+    except SyntaxError as e:
+        raise Refused("load_error", f"{os.path.basename(path)} line {e.lineno}: {e.msg}") from None
+    try:
+        exec(code, mod.__dict__)
+    except Refused:
+        raise
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - the solution's fault, as a value
+        raise Refused("load_error", f"{type(e).__name__}: {str(e)[:1500]}") from None
+    if not isinstance(getattr(mod, "ModelNew", None), type):
+        raise Refused("no_model_new", f"{os.path.basename(path)} defines no class ModelNew")
+    return mod
+
+
+class _Proxy(types.ModuleType):
+    """What load/load_inline return while the judge only discovers the builds: any function."""
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return lambda *a, **k: None
+
+
+def _import_with(hook, st, msg):
+    """Imports the solution with cpp_extension.load/load_inline replaced by `hook(kind, a, k)`."""
+    import torch.utils.cpp_extension as ce
+
+    saved = ce.load, ce.load_inline
+    ce.load = lambda *a, **k: hook("load", a, k)
+    ce.load_inline = lambda *a, **k: hook("load_inline", a, k)
+    sys.path.insert(0, WORK)
+    os.chdir(WORK)
+    try:
+        if msg.get("layout") == "folder":
+            sys.modules["cuda_extension"] = hook("folder", (), {})
+        return _exec_module(os.path.join(WORK, msg["entry"]))
+    finally:
+        ce.load, ce.load_inline = saved
+
+
+def _load_built(art):
+    from torch.utils.cpp_extension import _import_module_from_library
+
+    try:
+        return _import_module_from_library(art["name"], os.path.join(WORK, art["dir"]), True)
+    except (ImportError, OSError) as e:
+        raise Refused("load_error", f"the built extension {art['name']} does not load: {e}") from None
+
+
+def op_load(st, msg, fds):
+    _write_files(msg, fds)
+    st.device, st.policy = msg.get("device", "cpu"), msg.get("policy", "strict")
+    arts = {a["key"]: a for a in msg.get("artifacts", [])}
+    from opforge.eval_guard import ExtensionCalls
+
+    st.calls = ExtensionCalls()
+
+    def hook(kind, a, k):
+        k_ = "folder" if kind == "folder" else X.key(X.record(kind, a, k, WORK))
+        if k_ not in arts:
+            raise Refused("compile_error", f"{kind}({(a or [k.get('name')])[0]!r}): no build of these sources "
+                                           "(they differ from what the build phase saw)")
+        return st.calls.wrap(_load_built(arts[k_]))
+
+    st.module = _import_with(hook, st, msg)
+    st.model_cls = st.module.ModelNew
+    return {}
+
+
+def op_discover(st, msg, fds):
+    _write_files(msg, fds)
+    calls = []
+
+    def hook(kind, a, k):
+        if kind != "folder":
+            try:
+                calls.append(X.record(kind, a, k, WORK))
+            except X.RecordError as e:
+                raise Refused("compile_error", str(e)) from None
+        return _Proxy(kind)
+
+    _import_with(hook, st, msg)
+    return {"calls": calls}
+
+
+def op_compile(st, msg, fds):
+    """Builds one extension into /work/out: a recorded load/load_inline call, or the folder."""
+    _write_files(msg, fds)
+    import torch.utils.cpp_extension as ce
+
+    out = os.path.join(WORK, "out")
+    os.makedirs(out, exist_ok=True)
+    t0 = time.perf_counter()
+    try:
+        if "folder" in msg:
+            from opforge import solution_build
+
+            res = solution_build.build_folder(os.path.join(WORK, msg["folder"]), out)
+            name = res["name"]
+        else:
+            rec = dict(msg["record"])
+            kind = rec.pop("kind")
+            name = rec["name"]
+            if kind == "load":
+                srcdir = os.path.join(WORK, "src")
+                os.makedirs(srcdir, exist_ok=True)
+                paths = []
+                for s in rec["sources"]:
+                    paths.append(os.path.join(srcdir, os.path.basename(s["path"])))
+                    with open(paths[-1], "w") as f:
+                        f.write(s["text"])
+                rec["sources"] = paths
+                ce.load(build_directory=out, verbose=False, **rec)
+            else:
+                ce.load_inline(build_directory=out, verbose=False, **rec)
+    except (RuntimeError, OSError, ImportError, TypeError, ValueError) as e:
+        raise Refused("compile_error", _tail(str(e))) from None
+    return {"name": name, "seconds": time.perf_counter() - t0}
+
+
+def _tail(text, n=3000):
+    return text if len(text) <= n else "…" + text[-n:]
+
+
+def op_reference(st, msg, fds):
+    """A baseline child: the task's own Model stands in for ModelNew (trusted code)."""
+    from opforge import task as T
+
+    st.device, st.policy = msg.get("device", "cpu"), "torch-allowed"
+    mod = T.load_module(msg["task_code"], name="opforge_reference")
+    st.model_cls = mod.Model
+    st.compile = bool(msg.get("compile"))
+    return {}
+
+
+# ---------------------------------------------------------------------------------------------
+# Model, inputs, calls
+
+
+def op_init(st, msg, fds):
+    arena = shm.open_arena(msg["arena_kind"], fds[0], int(msg["arena_bytes"]), st.device) if fds else None
+    tensors = [arena.tensor(s) for s in msg.get("specs", [])] if arena else []
+    init = shm.decode(msg["init"], tensors)
+    torch.manual_seed(int(msg.get("seed", 0)))
+    try:
+        model = st.model_cls(*init)
+        own = model.state_dict()
+        state = {s["name"]: tensors[s["tensor"]] for s in msg.get("state", [])}
+        shared = {k: v for k, v in state.items() if k in own and tuple(own[k].shape) == tuple(v.shape)}
+        model.load_state_dict(shared, strict=False)
+        model = model.to(st.device).eval()
+    except (Exception, SystemExit) as e:  # noqa: BLE001
+        raise Refused("init_error", f"ModelNew(*get_init_inputs()): {type(e).__name__}: {str(e)[:1500]}") from None
+    if getattr(st, "compile", False):
+        model = torch.compile(model)
+    st.model = model
+    if arena is not None:
+        arena.close()
+    return {"loaded": sorted(shared)}
+
+
+def op_bind(st, msg, fds):
+    ins = shm.open_arena(msg["arena_kind"], fds[0], int(msg["in_bytes"]), st.device)
+    out = shm.open_arena(msg["arena_kind"], fds[1], int(msg["out_bytes"]), st.device)
+    st.keep = [ins, out]
+    tensors = [ins.tensor(s) for s in msg["specs"]]
+    st.args = shm.decode(msg["inputs"], tensors)
+    st.out_views = [out.tensor(s) for s in msg["out_specs"]]
+    return {}
+
+
+def _sync():
+    # Device-wide: work the solution left on any stream of this process is part of the call.
+    if torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def _forward(st):
+    with torch.no_grad():
+        return st.model(*st.args)
+
+
+def _checked_forward(st):
+    """One forward under the strict guard and the profiler (all threads, dispatcher level)."""
+    from torch.profiler import ProfilerActivity, _ExperimentalConfig, profile
+
+    from opforge.eval_guard import NoGuard, StrictGuard
+
+    guard = StrictGuard() if st.policy == "strict" else NoGuard()
+    before = st.calls.count if st.calls else 0
+    error = None
+    with profile(activities=[ProfilerActivity.CPU],
+                 experimental_config=_ExperimentalConfig(profile_all_threads=True)) as prof:
+        try:
+            with torch.no_grad(), guard:
+                out = st.model(*st.args)
+            _sync()
+        except (Exception, SystemExit) as e:  # noqa: BLE001
+            out, error = None, e
+    ops = sorted({e.name for e in prof.events() if "::" in e.name})
+    evidence = {"ops": ops, "guard": sorted(set(guard.violations)),
+                "extension_calls": (st.calls.count - before) if st.calls else None}
+    return out, error, evidence
+
+
+def _leaves(out):
+    from opforge import task as T
+
+    try:
+        return T.flatten_outputs(out)
+    except T.TaskError as e:
+        raise Refused("output_mismatch", str(e)) from None
+
+
+def _publish(st, out):
+    """Copies the output leaves into the judge's output arena (shapes must match its specs)."""
+    leaves = _leaves(out)
+    got = [{"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")} for t in leaves]
+    want = [{"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")} for v in st.out_views]
+    if got != want:
+        return {"structure": got}
+    for v, t in zip(st.out_views, leaves):
+        v.copy_(t)
+    _sync()
+    return {"structure": got}
+
+
+def op_run(st, msg, fds):
+    if msg.get("mode") == "check":
+        out, error, evidence = _checked_forward(st)
+        if error is not None:
+            return {"error": f"{type(error).__name__}: {str(error)[:1500]}", "evidence": evidence}
+        st.last = out
+        reply = {"evidence": evidence}
+    else:
+        st.last = _forward(st)
+        _sync()
+        reply = {}
+    if msg.get("fetch"):
+        reply.update(_publish(st, st.last))
+    return reply
+
+
+def op_fetch(st, msg, fds):
+    return _publish(st, st.last)
+
+
+OPS = {"load": op_load, "discover": op_discover, "compile": op_compile, "reference": op_reference,
+       "init": op_init, "bind": op_bind, "run": op_run, "fetch": op_fetch}
+
+
+def _answer(st, msg, fds):
+    op = OPS.get(msg.get("op"))
+    if op is None:
+        return {"ok": False, "reason": "protocol_error", "detail": f"unknown op {msg.get('op')!r}"}
+    try:
+        return {"ok": True, **op(st, msg, fds)}
+    except Refused as r:
+        return {"ok": False, "reason": r.reason, "detail": str(r)}
+    except torch.cuda.OutOfMemoryError as e:
+        return {"ok": False, "reason": "out_of_memory", "detail": str(e)[:1500]}
+    except (Exception, SystemExit) as e:  # noqa: BLE001 - every failure becomes an answer
+        return {"ok": False, "reason": "runtime_error", "detail": f"{type(e).__name__}: {str(e)[:1500]}",
+                "traceback": traceback.format_exc()[-3000:]}
+
+
+def main(fd):
+    """Entry point of `opforge worker --candidate --protocol-fd N`: serve until the judge closes."""
+    chan = shm.Channel.from_fd(int(fd))
+    st = State(chan)
+    chan.send({"hello": True, "pid": os.getpid(), "torch": torch.__version__})
+    while True:
+        try:
+            msg, fds = chan.recv()
+        except shm.WireError:
+            return ""
+        if msg.get("op") == "exit":
+            return ""
+        reply = _answer(st, msg, fds)
+        reply["seq"] = msg.get("seq")
+        try:
+            chan.send(reply)
+        except shm.WireError:
+            return ""

@@ -1,0 +1,664 @@
+"""The judge (requests "eval_compile", "eval_solution", "eval_baselines"): the trusted side of
+`opforge eval`. This process never runs solution code.
+
+It keeps the reference model, draws every input set itself, computes the expected outputs,
+compares, and times; each solution runs in a fresh child process (python/opforge/candidate.py),
+started for that one solution inside the sandbox the evaluator chose (`launch`, from
+evaluator/sandbox_launch.cpp) and killed afterwards with everything it started. The child gets
+its files and prebuilt extensions over a socket, reads its inputs from shared memory the judge
+rewrites before every call, and hands back outputs only as bytes in shared memory
+(python/opforge/shm.py). docs/architecture.md ("The judge") has the threat model.
+
+1. eval_compile: the static checks of the source (python/opforge/static_check.py), then a
+   sandboxed child imports the solution with recording build hooks (which load/load_inline calls
+   it makes), and a sandboxed compiler child builds each recorded call (or the CUDA Agent folder)
+   into <cache>/extensions/<key>; the built .so's imported symbols are checked too.
+2. eval_solution: a child loads the solution with those builds, gets the reference's weights,
+   and runs on `correct_trials` fresh input sets (strict evidence from inside it: the guard and
+   the profiler over all threads); then timing with the judge's clock (opforge.timing.time_calls),
+   every timed call on never-seen inputs (an elementwise mix of the input sets), a random sample
+   of timed calls read back after the inputs were overwritten, so output computed late is wrong.
+3. eval_baselines: the task's own Model (eager, then torch.compile) in children of the same kind,
+   timed with the same protocol, so the per-call overhead of the crossing is in both figures.
+"""
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+import torch
+
+from opforge import extensions as X
+from opforge import shm
+from opforge import task as T
+from opforge import timing
+
+STARTUP_S = 300
+SAMPLE_RATE = 0.2  # share of timed calls whose output is read back and checked
+MAX_FILES_BYTES = 256 << 20
+
+
+class Verdict(Exception):
+    def __init__(self, reason, detail):
+        super().__init__(detail)
+        self.reason = reason
+
+
+# ---------------------------------------------------------------------------------------------
+# A child process
+
+
+def _argv(launch, fd, work=None):
+    inner = [launch["exe"], "worker", "--candidate", "--protocol-fd", str(fd)]
+    if launch.get("mode") != "bwrap":
+        return inner
+    spec = dict(launch["spec"])
+    spec["keep_fds"] = [fd]
+    if work:
+        spec["work"] = work
+    return list(launch["sandbox_exec"]) + ["--spec", json.dumps(spec), "--"] + inner
+
+
+class Child:
+    """One single-use solution process. Every wait on it is bounded; its whole tree dies in close()."""
+
+    def __init__(self, launch, log, work=None, timeout_s=600):
+        self.launch, self.timeout_s, self.seq = launch, timeout_s, 0
+        self.chan, theirs = shm.Channel.pair()
+        fd = theirs.fileno()
+        env = dict(os.environ)
+        self.tmp = None
+        if launch.get("mode") != "bwrap":
+            # No sandbox: the environment is still the allow-list, and /work a fresh folder.
+            env = dict(launch["spec"].get("env", {}))
+            if work is None:
+                self.tmp = work = tempfile.mkdtemp(prefix="opforge-child-")
+            env["OPFORGE_WORK"] = work
+        t0 = time.perf_counter()
+        self.proc = subprocess.Popen(_argv(launch, fd, work), pass_fds=[fd], stdin=subprocess.DEVNULL,
+                                     stdout=log, stderr=log, env=env, start_new_session=True)
+        theirs.close()
+        hello = self._recv(STARTUP_S, "starting")
+        self.cold_start_s = time.perf_counter() - t0
+        self.pid = hello.get("pid")
+
+    def _recv(self, timeout, what):
+        try:
+            msg, fds = self.chan.recv(timeout)
+        except shm.WireError as e:
+            raise self._dead(e, what) from None
+        for fd in fds:
+            os.close(fd)
+        return msg
+
+    def _dead(self, err, what):
+        if err.reason == "timeout":
+            return Verdict("timeout", f"the solution's process gave no answer within {self.timeout_s:.0f} s while "
+                                      f"{what}; killed")
+        if err.reason == "protocol_error":
+            return Verdict("protocol_error", f"while {what}: {err}")
+        try:
+            code = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            code = None
+        if code == 137 or code == -signal.SIGKILL:
+            return Verdict("out_of_memory", f"the solution's process was killed (status {code}) while {what}: "
+                                            "its memory limit, most likely")
+        return Verdict("candidate_crash", f"the solution's process ended (status {code}) while {what}")
+
+    def ask(self, op, what, fds=(), timeout=None, **fields):
+        """Sends one request and returns the reply; a failure of the child is a Verdict."""
+        if self.chan.pending():
+            raise Verdict("protocol_error", f"before {what}: the solution's process sent a message nobody asked for")
+        self.seq += 1
+        try:
+            self.chan.send({"op": op, "seq": self.seq, **fields}, fds)
+        except shm.WireError as e:
+            raise self._dead(e, what) from None
+        reply = self._recv(timeout or self.timeout_s, what)
+        if reply.get("seq") != self.seq:
+            raise Verdict("protocol_error", f"while {what}: an answer to a request nobody made")
+        return reply
+
+    def must(self, op, what, fds=(), **fields):
+        reply = self.ask(op, what, fds, **fields)
+        if not reply.get("ok"):
+            raise Verdict(reply.get("reason") or "runtime_error", str(reply.get("detail", ""))[:4000])
+        return reply
+
+    def close(self):
+        try:
+            self.chan.send({"op": "exit"})
+        except shm.WireError:
+            pass
+        self.chan.close()
+        _end_tree(self.proc)
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _end_tree(proc):
+    """sandbox-exec turns SIGTERM into the end of the sandbox's whole PID namespace; without a
+    sandbox the child's session is its tree."""
+    for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
+        if proc.poll() is not None:
+            break
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # what an unsandboxed child left in its session
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Files over the wire
+
+
+def _solution_files(root):
+    """(relative path, absolute path) of every regular file of the solution; links refused."""
+    out, total = [], 0
+    for dirpath, dirnames, files in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for f in sorted(files):
+            p = os.path.join(dirpath, f)
+            if os.path.islink(p):
+                raise Verdict("load_error", f"{os.path.relpath(p, root)} is a symbolic link: solutions are plain files")
+            total += os.path.getsize(p)
+            out.append((os.path.relpath(p, root), p))
+    if total > MAX_FILES_BYTES:
+        raise Verdict("load_error", f"the solution's files hold {total >> 20} MiB (limit {MAX_FILES_BYTES >> 20})")
+    return out
+
+
+def _blob(entries):
+    """One memfd holding the files, and the manifest the child unpacks into /work."""
+    datas = []
+    for rel, path in entries:
+        with open(path, "rb") as f:
+            datas.append((rel, f.read()))
+    arena = shm.HostArena.create(sum(len(d) for _, d in datas))
+    manifest, off = [], 0
+    for rel, data in datas:
+        arena.map[off:off + len(data)] = data
+        manifest.append({"path": rel, "offset": off, "size": len(data)})
+        off += len(data)
+    return arena, {"files": manifest, "files_bytes": arena.nbytes}
+
+
+def _ship(child, op, what, entries, **fields):
+    arena, files = _blob(entries)
+    try:
+        return child.must(op, what, fds=[arena.fd], **files, **fields)
+    finally:
+        arena.close()
+
+
+def _artifact_entries(artifacts):
+    """The prebuilt extensions, shipped next to the solution's files under .opforge_ext/."""
+    entries, refs = [], []
+    for a in artifacts:
+        rel = os.path.join(".opforge_ext", a["key"])
+        so = os.path.join(a["dir"], a["name"] + ".so")
+        entries.append((os.path.join(rel, a["name"] + ".so"), so))
+        refs.append({"key": "folder" if a.get("kind") == "folder" else a["key"], "name": a["name"], "dir": rel})
+    return entries, refs
+
+
+# ---------------------------------------------------------------------------------------------
+# Phase 1: static checks, discovery, sandboxed builds
+
+
+def _static_source(entries, policy):
+    from opforge import static_check as S
+
+    texts = {}
+    for rel, path in entries:
+        if rel.endswith(".py"):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                texts[rel] = f.read()
+    return [_finding(f) for f in S.check_source(texts, strict=policy == "strict")]
+
+
+def _static_symbols(so_path, policy):
+    from opforge import static_check as S
+
+    return [_finding(f) for f in S.check_symbols(S.imported_symbols(so_path), strict=policy == "strict")]
+
+
+def _finding(f):
+    return {"kind": f.kind, "file": f.file, "line": f.line, "what": f.what}
+
+
+def _build(launch, log, key, cache_dir, timeout_s, what, entries=(), **request):
+    """One extension into <cache>/extensions/<key>, built by a compiler child that sees only what
+    it builds; published by a rename, so a killed build never leaves a half-written entry."""
+    final = os.path.join(cache_dir, "extensions", key)
+    if os.path.exists(os.path.join(final, "manifest.json")):
+        with open(os.path.join(final, "manifest.json")) as f:
+            return json.load(f), True
+    tmp = tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=os.path.join(cache_dir, "extensions"))
+    child = Child(launch, log, work=tmp, timeout_s=timeout_s)
+    try:
+        reply = _ship(child, "compile", what, list(entries), **request)
+    finally:
+        child.close()
+    art = {"key": key, "name": reply["name"], "dir": final, "kind": request.get("kind", "inline"),
+           "seconds": reply["seconds"]}
+    with open(os.path.join(tmp, "out", "manifest.json"), "w") as f:
+        json.dump(art, f)
+    try:
+        os.rename(os.path.join(tmp, "out"), final)
+    except OSError:
+        pass  # a concurrent build of the same key won: same sources, same module
+    shutil.rmtree(tmp, ignore_errors=True)
+    return art, False
+
+
+def _builds(solution_dir, entries, layout, entry, launch, log, cache_dir, timeout_s):
+    """The builds the solution needs: the folder's kernels, and every load/load_inline call its
+    Python makes, as a sandboxed import with recording hooks reports them."""
+    arts = []
+    if layout == "folder":
+        from opforge import solution_build
+
+        spec = solution_build.folder_build_spec(solution_dir)
+        arts.append(_build(launch, log, "folder_" + spec["digest"][:16], cache_dir, timeout_s,
+                           "building the kernels/ folder", entries, folder=".", kind="folder"))
+    child = Child(launch, log, timeout_s=timeout_s)
+    try:
+        calls = _ship(child, "discover", "importing the solution to find its builds", entries, entry=entry,
+                      layout=layout)["calls"]
+    finally:
+        child.close()
+    for rec in calls:
+        arts.append(_build(launch, log, X.key(rec), cache_dir, timeout_s, f"building extension {rec['name']}",
+                           record=rec))
+    return arts
+
+
+def eval_compile(solution_dir, entry, layout, cache_dir, launch, policy="strict", timeout_s=600, log_path=None):
+    """Phase 1. Returns {ok, reason, detail, seconds, artifacts, findings, builds_cached}."""
+    t0 = time.perf_counter()
+    os.makedirs(os.path.join(cache_dir, "extensions"), exist_ok=True)
+    out = {"ok": False, "reason": None, "detail": "", "artifacts": [], "findings": [], "builds_cached": 0}
+    with open(log_path or os.devnull, "ab") as log:
+        try:
+            entries = _solution_files(solution_dir)
+            out["findings"] = _static_source(entries, policy)
+            for art, cached in _builds(solution_dir, entries, layout, entry, launch, log, cache_dir, timeout_s):
+                out["artifacts"].append(art)
+                out["builds_cached"] += cached
+                out["findings"] += _static_symbols(os.path.join(art["dir"], art["name"] + ".so"), policy)
+            out["ok"] = True
+        except Verdict as v:
+            out["reason"], out["detail"] = v.reason, str(v)
+        except Exception as e:  # noqa: BLE001 - a layout error of the folder is the solution's
+            out["reason"], out["detail"] = "compile_error", f"{type(e).__name__}: {str(e)[:3000]}"
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Phase 2: one solution, checked and timed
+
+
+class Session:
+    """A child with a model bound to the judge's arenas: inputs written by the judge before every
+    call, outputs read back by the judge."""
+
+    def __init__(self, child, ref_mod, ref, device, sets, expected0, seed):
+        self.child, self.device = child, device
+        self.sets = sets  # the judge's input sets (tensors on device)
+        self._init(ref_mod, ref, seed)
+        self.in_specs, in_bytes = shm.layout([t for t in sets[0] if isinstance(t, torch.Tensor)])
+        self.out_specs, out_bytes = shm.layout(expected0)
+        self.ins = shm.create_arena(in_bytes, device)
+        self.outs = shm.create_arena(out_bytes, device)
+        self.in_views = [self.ins.tensor(s) for s in self.in_specs]
+        self.out_views = [self.outs.tensor(s) for s in self.out_specs]
+        tensors = []
+        encoded = shm.encode(list(sets[0]), tensors)
+        child.must("bind", "binding inputs", fds=[self.ins.fd, self.outs.fd], arena_kind=shm.arena_kind(self.ins),
+                   in_bytes=self.ins.nbytes, out_bytes=self.outs.nbytes, inputs=encoded, specs=self.in_specs,
+                   out_specs=self.out_specs)
+
+    def _init(self, ref_mod, ref, seed):
+        T.seed_everything(seed)
+        init = ref_mod.get_init_inputs()
+        state = ref.state_dict()
+        names = list(state)
+        arena, encoded, specs = shm.pack([init, [state[n] for n in names]], self.device)
+        enc_init, enc_state = encoded["list"]
+        state_refs = [{"name": n, "tensor": v["tensor"]} for n, v in zip(names, enc_state["list"])]
+        try:
+            self.child.must("init", "constructing ModelNew", fds=shm.fd_list(arena),
+                            arena_kind=shm.arena_kind(arena) if arena else "host",
+                            arena_bytes=arena.nbytes if arena else 0, specs=specs, init=enc_init,
+                            state=state_refs, seed=seed)
+        finally:
+            if arena is not None:
+                arena.close()
+
+    def write(self, values):
+        """The judge's inputs into the shared arena; on CUDA the copy is finished before the call."""
+        for v, t in zip(self.in_views, [x for x in values if isinstance(x, torch.Tensor)]):
+            v.copy_(t)
+        timing.sync(self.device)
+
+    def poison(self):
+        for v in self.out_views:
+            if v.is_floating_point() or v.is_complex():
+                v.fill_(float("nan"))
+            else:
+                v.fill_(-1 if v.dtype != torch.bool else True)
+        timing.sync(self.device)
+
+    def read(self):
+        timing.sync(self.device)
+        return [v.clone() for v in self.out_views]
+
+    def inputs_intact(self, values):
+        timing.sync(self.device)
+        return all(torch.equal(v, t) for v, t in zip(self.in_views, [x for x in values if isinstance(x, torch.Tensor)]))
+
+    def close(self):
+        del self.in_views, self.out_views
+        self.ins.close()
+        self.outs.close()
+
+
+def _expected(ref, values):
+    with torch.no_grad():
+        out = ref(*[x.clone() if isinstance(x, torch.Tensor) else x for x in values])
+    return [t.clone() for t in T.flatten_outputs(out)]
+
+
+def _close(cand, ref, atol, rtol):
+    """(all within tolerance, max abs error)."""
+    ok, err = True, 0.0
+    for c, r in zip(cand, ref):
+        if c.numel() == 0:
+            continue
+        ok = ok and torch.allclose(c, r, atol=atol, rtol=rtol, equal_nan=False)
+        d = (c.double() - r.double()).abs().max().item() if not c.is_complex() else (c - r).abs().max().item()
+        err = max(err, d if d == d else float("inf"))
+    return ok, err
+
+
+def _forbidden(evidence, strict):
+    """Under strict, the torch ops the guard or the profiler saw that are not allocation, views or
+    metadata (full names: an op of another namespace named like an allowed one is not allowed)."""
+    if not strict:
+        return []
+    from opforge.eval_guard import ALLOWED_ATEN
+
+    bad = list(evidence.get("guard") or [])
+    for name in evidence.get("ops") or []:
+        ns, _, op = str(name).partition("::")
+        if ns == "profiler":
+            continue  # record_function scopes, not compute
+        if ns != "aten" or op.split(".")[0] not in ALLOWED_ATEN:
+            bad.append(name)
+    return sorted(set(bad))
+
+
+def _shape_list(ts):
+    return [{"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")} for t in ts]
+
+
+def _check_set(sess, ref, values, label, strict, atol, rtol):
+    """One input set through the child, judged here. Returns (max error, expected outputs)."""
+    expected = _expected(ref, values)
+    sess.write(values)
+    sess.poison()
+    reply = sess.child.ask("run", f"running ModelNew on {label}", mode="check", fetch=True)
+    bad = _forbidden(reply.get("evidence") or {}, strict)
+    if bad:
+        raise Verdict("forbidden_op", f"{label}: {', '.join(bad[:6])} ran during ModelNew.forward; under --policy "
+                                      "strict it may only allocate, take views and call its own extension")
+    if not reply.get("ok"):
+        raise Verdict(reply.get("reason") or "runtime_error", f"{label}: {str(reply.get('detail'))[:3000]}")
+    if "error" in reply:
+        raise Verdict("runtime_error", f"ModelNew.forward on {label}: {reply['error']}")
+    if reply.get("structure") != _shape_list(expected):
+        raise Verdict("output_mismatch", f"{label}: ModelNew returned {reply.get('structure')}, the reference "
+                                         f"{_shape_list(expected)}")
+    got = sess.read()
+    if not sess.inputs_intact(values):
+        raise Verdict("aliases_input", f"{label}: ModelNew wrote into its inputs")
+    ok, err = _close(got, expected, atol, rtol)
+    if not ok:
+        raise Verdict("incorrect", f"{label}: max abs error {err:.4g} beyond atol={atol:g}, rtol={rtol:g}")
+    if strict and (reply.get("evidence") or {}).get("extension_calls") == 0:
+        raise Verdict("no_kernel", f"{label}: ModelNew.forward called no function of its extension (strict "
+                                   "policy: the output must come from the solution's kernels)")
+    return err, expected
+
+
+def _stress(values):
+    return [x * 4 + 1 if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in values]
+
+
+def _check_all(sess, ref, sets, strict, atol, rtol, flags):
+    """Every input set, then stressed inputs when the task's outputs look constant. Returns the
+    max error."""
+    max_err, outs = 0.0, []
+    for k, values in enumerate(sets):
+        err, exp = _check_set(sess, ref, values, f"input set {k + 1}", strict, atol, rtol)
+        max_err, outs = max(max_err, err), outs + [exp]
+    if len(outs) > 1 and all(_close(o, outs[0], atol, rtol)[0] for o in outs[1:]):
+        err, exp = _check_set(sess, ref, _stress(sets[0]), "stressed inputs (x*4+1), since the task's outputs look "
+                                                           "constant", strict, atol, rtol)
+        max_err = max(max_err, err)
+        if _close(exp, outs[0], atol, rtol)[0]:
+            flags.append("degenerate_task")
+    return max_err
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+
+
+def _mix(sets, rng):
+    """A never-seen input set: floating tensors mixed elementwise from two of the judge's sets
+    (each element keeps its distribution), other values from one of them."""
+    a, b = rng.sample(range(len(sets)), 2) if len(sets) > 1 else (0, 0)
+    out = []
+    for xa, xb in zip(sets[a], sets[b]):
+        if isinstance(xa, torch.Tensor) and (xa.is_floating_point() or xa.is_complex()) and xa.numel():
+            g = torch.Generator(device=xa.device)
+            g.manual_seed(rng.getrandbits(62))
+            out.append(torch.where(torch.rand(xa.shape, generator=g, device=xa.device) < 0.5, xa, xb))
+        else:
+            out.append(xa)
+    return out
+
+
+class _Timer:
+    """The judge's side of time_calls: fresh inputs before each call, and for a random sample of
+    calls the output read back after the inputs were overwritten and poisoned, so an output the
+    child computes only when asked (or from inputs it kept) is wrong."""
+
+    def __init__(self, sess, ref, sets, atol, rtol, seed):
+        self.sess, self.ref, self.sets, self.atol, self.rtol = sess, ref, sets, atol, rtol
+        self.rng = random.Random(seed)
+        self.current, self.fetch_ms, self.sampled, self.wrong = None, [], 0, None
+
+    def before(self, _i):
+        self.current = _mix(self.sets, self.rng)
+        self.sess.write(self.current)
+        timing.flush_l2(self.sess.device)
+        timing.sync(self.sess.device)
+
+    def call(self):
+        reply = self.sess.child.ask("run", "a timed call of ModelNew", mode="time")
+        if not reply.get("ok") or "error" in reply:
+            raise Verdict(reply.get("reason") or "runtime_error",
+                          f"while timing ModelNew: {reply.get('error') or reply.get('detail')}")
+
+    def after(self, i, force=False):
+        if not force and (i < 0 or self.rng.random() >= SAMPLE_RATE):
+            return
+        used = self.current
+        self.sess.write(_mix(self.sets, self.rng))
+        self.sess.poison()
+        t0 = time.perf_counter()
+        self.sess.child.must("fetch", "reading back a timed call's output")
+        self.fetch_ms.append((time.perf_counter() - t0) * 1e3)
+        ok, err = _close(self.sess.read(), _expected(self.ref, used), self.atol, self.rtol)
+        self.sampled += 1
+        if not ok and self.wrong is None:
+            self.wrong = err
+
+    def run(self, trials, budget_s, lock):
+        stats = timing.time_calls(self.call, self.sess.device, trials=trials, budget_s=budget_s, lock_path=lock,
+                                  before=self.before, after=self.after)
+        self.before(0)  # and always one more, read back
+        self.call()
+        self.after(0, force=True)
+        if self.wrong is not None:
+            raise Verdict("incorrect", f"a timed call's output, read back after its inputs were overwritten, is off by "
+                                       f"{self.wrong:.4g}: the output was not finished when the call returned")
+        f = sorted(self.fetch_ms)
+        stats.update({"sampled_calls": self.sampled, "fetch_median_ms": f[len(f) // 2] if f else None,
+                      "clock": "judge wall clock"})
+        return stats
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests
+
+
+def device_name(device):
+    if str(device).startswith("cuda"):
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return "cpu: " + line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"
+
+
+def _reference_and_sets(task_code, device, seed, n):
+    try:
+        ref_mod = T.load_module(task_code, name="opforge_reference")
+        ref = T.build(ref_mod, device, seed=seed).eval()
+        sets = [T.make_inputs(ref_mod, device, seed=seed + 1 + k) for k in range(n)]
+    except T.TaskError as e:
+        raise Verdict("task_error", f"the reference task failed: {e.reason}: {e}") from None
+    shapes = [[(tuple(x.shape), x.dtype) for x in s if isinstance(x, torch.Tensor)] for s in sets]
+    if any(s != shapes[0] for s in shapes):
+        raise Verdict("task_error", "get_inputs() returns tensors of other shapes from one call to the next")
+    # Non-tensor inputs cross once, when the child binds: every set uses the first set's.
+    sets = [[x if isinstance(x, torch.Tensor) else y for x, y in zip(s, sets[0])] for s in sets]
+    try:
+        return ref_mod, ref, sets, _expected(ref, sets[0])
+    except T.TaskError as e:
+        raise Verdict("task_error", f"the reference's output: {e}") from None
+
+
+def _release():
+    torch._dynamo.reset()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _base_result(device, policy, launch):
+    return {"compiled": False, "correct": False, "reason": None, "detail": "", "max_error": None, "flags": [],
+            "candidate": None, "device_name": device_name(device), "torch": torch.__version__, "policy": policy,
+            "sandbox": launch.get("profile", "off"), "dispatch_s": None, "cold_start_s": None}
+
+
+def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, device="cpu", policy="strict",
+                  atol=1e-2, rtol=1e-2, correct_trials=5, trials=100, budget_s=10.0, seed=0, timing_lock=None,
+                  timeout_s=600, log_path=None):
+    device = T.resolve_device(device)
+    timing_lock = timing_lock or os.environ.get("OPFORGE_TIMING_LOCK")
+    result = _base_result(device, policy, launch)
+    child = sess = None
+    with open(log_path or os.devnull, "ab") as log:
+        try:
+            ref_mod, ref, sets, expected0 = _reference_and_sets(task_code, device, seed, max(2, correct_trials))
+            t0 = time.perf_counter()
+            child = Child(launch, log, timeout_s=timeout_s)
+            result["cold_start_s"] = child.cold_start_s
+            entries, refs = _artifact_entries(artifacts)
+            t1 = time.perf_counter()
+            _ship(child, "load", "importing the solution", _solution_files(solution_dir) + entries, entry=entry,
+                  layout=layout, artifacts=refs, device=device, policy=policy)
+            result["compiled"] = True
+            sess = Session(child, ref_mod, ref, device, sets, expected0, seed)
+            result["dispatch_s"] = time.perf_counter() - t1
+            result["spawn_to_ready_s"] = time.perf_counter() - t0
+            with timing.shared(timing.check_lock(timing_lock, device)):
+                result["max_error"] = _check_all(sess, ref, sets[:correct_trials], policy == "strict", atol, rtol,
+                                                 result["flags"])
+            result["candidate"] = _Timer(sess, ref, sets, atol, rtol, seed).run(trials, budget_s, timing_lock)
+            result["correct"] = True
+        except Verdict as v:
+            result["reason"], result["detail"] = v.reason, str(v)
+        except torch.cuda.OutOfMemoryError as e:
+            result["reason"], result["detail"] = "judge_out_of_memory", str(e)[:2000]
+        finally:
+            if sess is not None:
+                sess.close()
+            if child is not None:
+                child.close()
+            _release()
+    return result
+
+
+def _baseline(task_code, ref_mod, ref, sets, expected0, compile_, launch, log, device, trials, budget_s, seed,
+              lock, timeout_s):
+    child = Child(launch, log, timeout_s=timeout_s)
+    sess = None
+    try:
+        child.must("reference", "loading the reference", task_code=task_code, compile=compile_, device=device)
+        sess = Session(child, ref_mod, ref, device, sets, expected0, seed)
+        with timing.shared(timing.check_lock(lock, device)):
+            # Warms up (and for torch.compile compiles) beside other checks, not in a timed region.
+            _check_set(sess, ref, sets[0], "the first input set", False, 1e-2, 1e-2)
+        return _Timer(sess, ref, sets, 1e-2, 1e-2, seed).run(trials, budget_s, lock)
+    finally:
+        if sess is not None:
+            sess.close()
+        child.close()
+
+
+def eval_baselines(task_code, launch, device="cpu", trials=100, budget_s=10.0, seed=0, timing_lock=None,
+                   timeout_s=600, log_path=None, correct_trials=5):
+    """The reference's eager and torch.compile times, each in a child of its own timed exactly
+    like a candidate (same crossing, same clock, same sampled read-backs)."""
+    device = T.resolve_device(device)
+    lock = timing_lock or os.environ.get("OPFORGE_TIMING_LOCK")
+    out = {"eager": None, "compile": None, "detail": "", "device_name": device_name(device), "torch": torch.__version__}
+    with open(log_path or os.devnull, "ab") as log:
+        try:
+            ref_mod, ref, sets, expected0 = _reference_and_sets(task_code, device, seed, max(2, correct_trials))
+            args = (ref_mod, ref, sets, expected0)
+            out["eager"] = _baseline(task_code, *args, False, launch, log, device, trials, budget_s, seed, lock,
+                                     timeout_s)
+            try:
+                out["compile"] = _baseline(task_code, *args, True, launch, log, device, trials, budget_s, seed, lock,
+                                           timeout_s)
+            except Verdict as v:
+                out["detail"] = f"torch.compile of the reference failed: {v.reason}: {str(v)[:500]}"
+        except Verdict as v:
+            out["detail"] = f"the eager baseline failed: {v.reason}: {str(v)[:500]}"
+        finally:
+            _release()
+    return out
