@@ -22,6 +22,8 @@ B=$PWD/build-gpu/opforge
 [ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|throughput|checks|dedupscale|corpus..." >&2; exit 2; }
 source .device/env.sh > /dev/null
 export PATH=/opt/torch/.venv/bin:$PATH
+# bubblewrap comes in .device (pack-debs.sh bubblewrap): the judge sandboxes every solution with it.
+[ -x /opt/devdeps/usr/bin/bwrap ] && export OPFORGE_BWRAP=/opt/devdeps/usr/bin/bwrap
 # .device packs Debian's reference BLAS (libblas3) so faiss links; at run time use the machine's own
 # OpenBLAS where it has one, as a user's machine would (with reference sgemm dedup's 100k x 10k
 # search had not finished training its inverted file after 300 s on 16 cores).
@@ -52,10 +54,14 @@ case $step in
   eval)
     # The bench first (its figures are what the note needs), then the GPU tests with the time left
     # (their hack test builds one extension per hack folder: ~4 min on an H200).
+    stamp "shared GPU memory across the sandbox (devshm selftest)"
+    { PYTHONPATH=python $P -m opforge.devshm --selftest; PYTHONPATH=python $P -m opforge.devshm --selftest --bwrap; \
+      $B sandbox-exec --probe --gpu; } 2>&1 | tee "$OUT/devshm.txt"
     stamp "eval bench"
-    CUDA_VISIBLE_DEVICES=0 OPFORGE=$B timeout 300 bash bench/eval_gpu.sh /tmp/evg > "$OUT/eval.txt" 2>&1
+    CUDA_VISIBLE_DEVICES=0 OPFORGE=$B KB=${KB:-.kb} THROUGHPUT=${THROUGHPUT:-1} timeout "${EVAL_TIMEOUT:-420}" \
+      bash bench/eval_gpu.sh /tmp/evg > "$OUT/eval.txt" 2>&1
     cat "$OUT/eval.txt"
-    cat /tmp/evg/all/report.md >> "$OUT/eval.txt" 2> /dev/null
+    tar czf "$OUT/eval_reports.tgz" -C /tmp/evg --exclude cache . 2> /dev/null
     stamp "eval gpu tests"
     (cd build-gpu && timeout "${CTEST_TIMEOUT:-330}" ctest -L gpu --output-on-failure) > "$OUT/ctest_gpu.txt" 2>&1
     tail -4 "$OUT/ctest_gpu.txt"

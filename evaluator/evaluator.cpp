@@ -62,11 +62,11 @@ void to_json(json& j, const SolutionRequest& r) {
 }
 
 struct BaselineRequest {
-  std::string task_code;
+  std::string task_code, cache_dir;
   Measure m;
 };
 void to_json(json& j, const BaselineRequest& r) {
-  j = {{"task_code", r.task_code}};
+  j = {{"task_code", r.task_code}, {"cache_dir", r.cache_dir}};
   put_measure(j, r.m);
 }
 
@@ -262,8 +262,8 @@ void apply_findings(json& row, const json& findings) {
     if (kind == "forbidden_op" && row.value("correct", false)) {
       row["correct"] = false;
       row["reason"] = "forbidden_op";
-      row["detail"] = fmt::format("the built extension imports {} (aten compute; --policy strict allows only "
-                                  "allocation, views and the solution's own kernels)", f.value("what", std::string()));
+      row["detail"] = fmt::format("the built extension {} (--policy strict allows only allocation, views and the "
+                                  "solution's own kernels)", f.value("what", std::string()));
     } else if (kind != "forbidden_op") {
       flags.insert(kind);
     }
@@ -322,7 +322,7 @@ void Run::baselines(WorkerPool& pool) {
   std::vector<std::string> hashes;
   for (auto& [h, code] : missing) {
     hashes.push_back(h);
-    reqs.push_back(request("eval_baselines", BaselineRequest{code, measure()}, o.timeout_s));
+    reqs.push_back(request("eval_baselines", BaselineRequest{code, fs::absolute(cache).string(), measure()}, o.timeout_s));
   }
   spdlog::info("timing eager and torch.compile baselines of {} task(s), each in its own child", reqs.size());
   pool.run(reqs, [&](WorkerResult&& r) {

@@ -40,7 +40,8 @@ fs::path venv_dir() { return fs::canonical(fs::absolute(python_executable()).par
 
 json child_env(const std::string& device, unsigned threads) {
   fs::path venv = venv_dir();
-  json env = {{"HOME", "/home"}, {"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"LANG", "C.UTF-8"}, {"TMPDIR", "/tmp"},
+  // The venv's bin first: builds need its ninja (pip's) when the system has none.
+  json env = {{"HOME", "/home"}, {"PATH", (venv / "bin").string() + ":/usr/local/bin:/usr/bin:/bin"}, {"LANG", "C.UTF-8"}, {"TMPDIR", "/tmp"},
               {"PYTHONUNBUFFERED", "1"}, {"PYTHONDONTWRITEBYTECODE", "1"}, {"OPFORGE_WORK", "/work"},
               {"OPFORGE_HOME", project_root().string()},
               {"OPFORGE_PYTHON", (fs::canonical(venv) / "bin" / python_executable().filename()).string()},
@@ -48,8 +49,29 @@ json child_env(const std::string& device, unsigned threads) {
               {"MAX_JOBS", std::to_string(threads)}};
   for (const char* k : {"CUDA_HOME", "TORCH_CUDA_ARCH_LIST", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH"})
     if (const char* v = std::getenv(k); v && *v) env[k] = v;
+  // With no GPU to ask, torch cannot tell which architecture to build CUDA code for: Hopper, the
+  // GPU machine's (a CPU run can then still build a CUDA solution).
+  if (!env.contains("TORCH_CUDA_ARCH_LIST") && device != "cuda") env["TORCH_CUDA_ARCH_LIST"] = "9.0";
   if (device != "cuda") env["CUDA_VISIBLE_DEVICES"] = "";
+  else env["OPFORGE_CHILD_DEVICE"] = "cuda";
   return env;
+}
+
+// Folders the binary and torch load libraries from besides the system's (LD_LIBRARY_PATH: the GPU
+// machine's unpacked Debian packages, a CUDA install): the child must see them to start at all.
+json library_dirs() {
+  json dirs = json::array();
+  const char* lp = std::getenv("LD_LIBRARY_PATH");
+  std::string rest = lp ? lp : "";
+  for (std::size_t pos = 0; pos <= rest.size();) {
+    std::size_t next = rest.find(':', pos);
+    std::string d = rest.substr(pos, next == std::string::npos ? std::string::npos : next - pos);
+    std::error_code ec;
+    if (!d.empty() && d[0] == '/' && fs::is_directory(d, ec) && d.rfind("/usr/", 0) != 0) dirs.push_back(d);
+    if (next == std::string::npos) break;
+    pos = next + 1;
+  }
+  return dirs;
 }
 
 }  // namespace
@@ -59,7 +81,9 @@ Launch choose_launch(const EvalOptions& o, const std::string& device, const fs::
   Launch l;
   unsigned threads = std::max(1u, usable_cpus() / static_cast<unsigned>(std::max(1, o.workers)));
   fs::path venv = venv_dir();
-  json spec = {{"ro", json::array({(project_root() / "python").string(), venv.string(), self_executable().string()})},
+  json ro = json::array({(project_root() / "python").string(), venv.string(), self_executable().string()});
+  for (auto& d : library_dirs()) ro.push_back(d);
+  json spec = {{"ro", ro},
                {"gpu", device == "cuda"},
                {"env", child_env(device, threads)},
                {"memory_mb", o.child_memory_mb},

@@ -10,11 +10,13 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "evaluator.h"
+#include "internal.h"
 #include "export.h"
 #include "opforge/core/hash.h"
 #include "test_support.h"
@@ -52,11 +54,27 @@ EvalRun run_eval(const fs::path& tasks, const fs::path& solutions, const fs::pat
 std::string header_field(const fs::path& file, const std::string& field) {
   std::smatch m;
   std::string text = test::read_file(file);
-  std::regex re("# " + field + ": ([A-Za-z_]+)");
+  std::regex re("# " + field + ": ([A-Za-z_]+( [A-Za-z_]+)?)");
   return std::regex_search(text, m, re) ? m[1].str() : "";
 }
 
 }  // namespace
+
+TEST(Eval, FlagsCapACorrectSolutionsRewardAtOne) {
+  json r = {{"task", "t"}, {"task_id", "i"}, {"solution", "s"}, {"layout", "file"}, {"correct", true},
+            {"candidate", {{"median_ms", 1.0}}}, {"eager", {{"median_ms", 2.0}}}, {"compile", {{"median_ms", 2.0}}}};
+  EXPECT_EQ(evaluator::make_row(r, 0.05)["reward"], 3);
+  r["flags"] = json::array({"suspicious_source"});
+  EXPECT_EQ(evaluator::make_row(r, 0.05)["reward"], 1);
+  EXPECT_EQ(evaluator::make_row(r, 0.05)["reward_uncapped"], 3);
+  r["flags"] = json::array({"degenerate_task"});
+  EXPECT_EQ(evaluator::make_row(r, 0.05)["reward"], 3) << "a flag about the task does not cap";
+  r["flags"] = json::array();
+  r["eager"]["median_ms"] = 20.0;
+  auto row = evaluator::make_row(r, 0.05);
+  EXPECT_EQ(row["flags"], json::array({"excessive_speedup"})) << "20x over eager is for a person to look at";
+  EXPECT_EQ(row["reward"], 1);
+}
 
 TEST(Eval, RewardFollowsTheCudaAgentRule) {
   EXPECT_EQ(evaluator::reward(false, 10.0, 10.0, 0.05), -1);
@@ -87,8 +105,12 @@ TEST(Eval, CpuSolutionEarnsItsRewardAndBaselinesAreCachedPerTaskCode) {
   for (auto* k : {"candidate_ms", "eager_ms", "compile_ms", "speedup_eager", "speedup_compile"})
     EXPECT_TRUE(r[k].is_number()) << k << " in " << r.dump(2);
   EXPECT_EQ(r["baseline_cached"], false);
-  EXPECT_EQ(r["extension_calls"].get<long>() >= 5, true) << "one kernel call per correctness set at least";
   EXPECT_EQ(r["task_id"], xxh3_hex(code));
+  EXPECT_EQ(r["flags"], json::array()) << r.dump(2);
+  EXPECT_EQ(r["sandbox"].get<std::string>().rfind("bwrap", 0), 0u) << "CI's set-up installs bubblewrap: " << r["sandbox"];
+  EXPECT_TRUE(r["dispatch_s"].is_number() && r["cold_start_s"].is_number()) << r.dump(2);
+  EXPECT_EQ(r["timing"]["candidate"]["clock"], "judge wall clock");
+  EXPECT_GE(r["timing"]["candidate"]["sampled_calls"].get<long>(), 1) << "timed outputs are read back";
 
   const json& s = first.report["summary"];
   EXPECT_EQ(s["evaluated"], 1);
@@ -134,53 +156,123 @@ TEST(Eval, BaselinesAreTakenForACorrectSolutionWhenTheSolutionChosenToMeasureThe
     EXPECT_TRUE(r[k].is_number()) << k << " in " << r.dump(2);
 }
 
+// What a fixture's header says the judge must give it: "# expect: honest" (reward >= 1, no flag),
+// "# expect: REASON" (reward -1 with that reason) or "# expect: flag FLAG" (that flag, reward <= 1).
+struct Expect {
+  std::string kind, value;
+};
+Expect expectation(const fs::path& f) {
+  std::string e = header_field(f, "expect");
+  if (e == "honest") return {"honest", ""};
+  if (e.rfind("flag ", 0) == 0) return {"flag", e.substr(5)};
+  return {"reason", e};
+}
+
+// Flags about the solution (degenerate_task is about the task: softmax_sum's outputs are constant).
+json solution_flags(const json& row) {
+  json out = json::array();
+  for (auto& f : row["flags"])
+    if (f != "degenerate_task") out.push_back(f);
+  return out;
+}
+
+std::string verdict_of(const json& row) {
+  if (row["reward"].get<int>() >= 1 && solution_flags(row).empty()) return "honest";
+  std::string v = row["reason"].is_null() ? "(none)" : row["reason"].get<std::string>();
+  for (auto& f : row["flags"]) v += " flag " + f.get<std::string>();
+  return v + " reward " + std::to_string(row["reward"].get<int>());
+}
+
+bool meets(const json& row, const Expect& e) {
+  int rw = row["reward"].get<int>();
+  auto flags = solution_flags(row);
+  if (e.kind == "honest") return rw >= 1 && flags.empty() && row["reason"].is_null();
+  if (e.kind == "flag") return rw <= 1 && std::find(flags.begin(), flags.end(), json(e.value)) != flags.end();
+  return rw == -1 && row["reason"] == e.value;
+}
+
+// Every fixture of the folders, each answering its own copy of its task, in one eval run.
+struct FixtureRun {
+  EvalRun run;
+  std::map<std::string, Expect> expect;
+};
+FixtureRun run_fixtures(const std::vector<std::string>& folders, const test::TempDir& dir,
+                        std::vector<std::string> extra = {}) {
+  FixtureRun fr;
+  fs::create_directories(dir / "tasks");
+  fs::create_directories(dir / "solutions");
+  for (auto& folder : folders) {
+    for (auto& e : fs::directory_iterator(eval_fixtures() / folder)) {
+      if (e.path().extension() != ".py") continue;
+      std::string key = folder + "__" + e.path().stem().string();
+      std::string task = header_field(e.path(), "task");
+      EXPECT_FALSE(task.empty() || header_field(e.path(), "expect").empty())
+          << e.path() << " needs '# task:' and '# expect:' lines";
+      fs::copy_file(eval_fixtures() / "tasks" / (task + ".py"), dir / "tasks" / (key + ".py"));
+      fs::copy_file(e.path(), dir / "solutions" / (key + ".py"));
+      fr.expect[key] = expectation(e.path());
+    }
+  }
+  extra.push_back("--no-plots");
+  fr.run = run_eval(dir / "tasks", dir / "solutions", dir / "out", extra);
+  return fr;
+}
+
+void expect_headers_met(const FixtureRun& fr) {
+  ASSERT_EQ(fr.run.cmd.exit_code, 0) << fr.run.cmd.err;
+  for (auto& [key, e] : fr.expect) {
+    auto it = fr.run.by_solution.find(key);
+    ASSERT_NE(it, fr.run.by_solution.end()) << key << " is missing from the report";
+    EXPECT_TRUE(meets(it->second, e)) << key << ": expected " << e.kind << " " << e.value << ", got "
+                                      << verdict_of(it->second) << "\n" << it->second["detail"].get<std::string>();
+  }
+}
+
 TEST(Eval, EveryPlantedHackGetsRewardMinusOneWithItsReason) {
   test::TempDir dir;
-  // Each hack answers its own copy of the task it targets (matched by file stem).
-  std::map<std::string, std::string> expected;
-  fs::create_directories(dir / "tasks");
-  for (auto& e : fs::directory_iterator(eval_fixtures() / "hacks")) {
-    std::string stem = e.path().stem().string();
-    std::string task = header_field(e.path(), "task"), reason = header_field(e.path(), "expect");
-    ASSERT_FALSE(task.empty() || reason.empty()) << e.path() << " needs '# task:' and '# expect:' lines";
-    fs::copy_file(eval_fixtures() / "tasks" / (task + ".py"), dir / "tasks" / (stem + ".py"),
-                  fs::copy_options::overwrite_existing);
-    fs::create_directories(dir / "solutions");
-    fs::copy_file(e.path(), dir / "solutions" / (stem + ".py"));
-    expected[stem] = reason;
-  }
-  ASSERT_GE(expected.size(), 12u);
-  auto run = run_eval(dir / "tasks", dir / "solutions", dir / "out", {"--no-plots"});
-  ASSERT_EQ(run.cmd.exit_code, 0) << run.cmd.err;
-  std::map<std::string, std::string> got;
-  for (auto& [name, row] : run.by_solution) {
-    got[name] = row["reason"].is_null() ? "(none)" : row["reason"].get<std::string>();
-    EXPECT_EQ(row["reward"], -1) << name << ": " << row.dump(2);
-    EXPECT_FALSE(row["correct"].get<bool>()) << name;
-  }
-  EXPECT_EQ(got, expected);
-  // The reasons carry what decided them.
-  auto detail = [&](const std::string& n) { return run.by_solution[n]["detail"].get<std::string>(); };
+  auto fr = run_fixtures({"hacks"}, dir);
+  ASSERT_GE(fr.expect.size(), 12u);
+  expect_headers_met(fr);
+  auto& by = fr.run.by_solution;
+  auto detail = [&](const std::string& n) { return by.at("hacks__" + n)["detail"].get<std::string>(); };
   EXPECT_NE(detail("matmul_fallback").find("torch.matmul"), std::string::npos) << detail("matmul_fallback");
   EXPECT_NE(detail("tensor_method_fallback").find("Tensor.mm"), std::string::npos) << detail("tensor_method_fallback");
-  EXPECT_NE(detail("timer_patch").find("time.perf_counter"), std::string::npos) << detail("timer_patch");
-  EXPECT_NE(detail("sync_patch").find("torch.cuda.synchronize"), std::string::npos) << detail("sync_patch");
-  EXPECT_NE(detail("allclose_patch").find("torch.allclose"), std::string::npos) << detail("allclose_patch");
   EXPECT_NE(detail("constant_degenerate").find("stressed inputs"), std::string::npos) << detail("constant_degenerate");
-  EXPECT_NE(detail("cached_when_timed").find("after timing"), std::string::npos) << detail("cached_when_timed");
+  EXPECT_NE(detail("cached_when_timed").find("timed call"), std::string::npos) << detail("cached_when_timed");
   EXPECT_NE(detail("compile_error").find("error"), std::string::npos) << "the compiler log tail";
-  EXPECT_FALSE(run.by_solution["compile_error"]["compiled"].get<bool>());
-  EXPECT_TRUE(run.by_solution["functional_fallback"]["compiled"].get<bool>());
-  EXPECT_EQ(run.report["summary"]["reward_histogram"]["-1"], static_cast<long>(expected.size()));
+  EXPECT_FALSE(by.at("hacks__compile_error")["compiled"].get<bool>());
+  for (auto& [key, row] : by) EXPECT_LE(row["reward"].get<int>(), 1) << key;
+}
+
+TEST(Eval, AdaptiveHacksAreStoppedOrFlaggedAndHonestSolutionsPassUnflagged) {
+  // The adaptive solutions (each a real attempt on the judge, its sandbox or its clock) and at
+  // least ten varied honest ones, in one run: the honest ones must not pay for the judge's caution.
+  test::TempDir dir;
+  // A short per-call limit for the fixture that hangs, and a memory limit the hog must exceed.
+  auto fr = run_fixtures({"adaptive", "honest"}, dir, {"--timeout-s", "20", "--child-memory-mb", "2048"});
+  long honest = 0;
+  for (auto& [k, e] : fr.expect) honest += e.kind == "honest";
+  ASSERT_GE(honest, 10);
+  expect_headers_met(fr);
+  for (auto& [key, row] : fr.run.by_solution) {
+    if (fr.expect[key].kind != "honest") EXPECT_LE(row["reward"].get<int>(), 1) << key << " earned more than 1";
+    EXPECT_EQ(row["judge"], "judge-2");
+  }
+  // Nothing a solution started outlives its evaluation.
+  auto [rc, ps] = test::shell("grep -l opforge-escape-marker /proc/[0-9]*/environ 2>/dev/null | wc -l");
+  EXPECT_EQ(ps, "0\n") << "a process of escape_fork_setsid survived";
+  EXPECT_FALSE(fs::exists(fs::temp_directory_path() / "opforge_escaped")) << "a write outside the sandbox landed";
 }
 
 TEST(Eval, TorchAllowedPolicyAdmitsWhatStrictRefuses) {
-  // The same two fallbacks pass without the guard: it is the guard that catches them.
+  // The fallbacks pass without the guard: it is the guard that catches them. Reaching for the
+  // judge's reference fails under both policies: it is not in the solution's process at all.
   test::TempDir dir;
   fs::create_directories(dir / "tasks");
   std::map<std::string, std::string> task_of = {{"functional_fallback", "linear_relu"},
                                                 {"reference_fallback", "linear_relu"},
                                                 {"constant_without_kernel", "softmax_sum"}};
+  std::set<std::string> isolated = {"reference_fallback"};
   fs::create_directories(dir / "solutions");
   for (auto& [h, task] : task_of) {
     fs::copy_file(eval_fixtures() / "hacks" / (h + ".py"), dir / "solutions" / (h + ".py"));
@@ -189,6 +281,10 @@ TEST(Eval, TorchAllowedPolicyAdmitsWhatStrictRefuses) {
   auto run = run_eval(dir / "tasks", dir / "solutions", dir / "out", {"--policy", "torch-allowed", "--no-plots"});
   ASSERT_EQ(run.cmd.exit_code, 0) << run.cmd.err;
   for (auto& [h, task] : task_of) {
+    if (isolated.count(h)) {
+      EXPECT_EQ(run.by_solution[h]["reward"], -1) << run.by_solution[h].dump(2);
+      continue;
+    }
     EXPECT_TRUE(run.by_solution[h]["correct"].get<bool>()) << run.by_solution[h].dump(2);
     EXPECT_GE(run.by_solution[h]["reward"].get<int>(), 1);
   }
@@ -198,18 +294,53 @@ TEST(Eval, TorchAllowedPolicyAdmitsWhatStrictRefuses) {
   EXPECT_EQ(run.report["options"]["policy"], "torch-allowed");
 }
 
-TEST(Eval, CudaAgentFolderLayoutBuildsKernelsIntoOneImportableExtension) {
+TEST(Eval, CudaAgentFolderLayoutsBuildIntoOneImportableExtension) {
+  // Our kernels/ layout and the layout of CUDA Agent's released agent_workdir (binding.cpp and
+  // binding_registry.h at the root, kernels/*_binding.cpp including "../binding_registry.h").
   test::TempDir dir;
-  auto run = run_eval(eval_fixtures() / "tasks", eval_fixtures() / "agent_solutions", dir / "out",
-                      {"--no-plots", "--correct-trials", "3"});
+  for (auto* layout : {"agent_solutions", "agent_released"}) {
+    auto run = run_eval(eval_fixtures() / "tasks", eval_fixtures() / layout, dir / layout,
+                        {"--no-plots", "--correct-trials", "3"});
+    ASSERT_EQ(run.cmd.exit_code, 0) << run.cmd.err;
+    json r = run.by_solution["linear_relu"];
+    EXPECT_EQ(r["layout"], "folder");
+    EXPECT_TRUE(r["correct"].get<bool>()) << layout << ": " << r.dump(2);
+    EXPECT_GE(r["reward"].get<int>(), 1) << layout;
+    EXPECT_EQ(r["flags"], json::array()) << layout;
+    EXPECT_EQ(run.report["summary"]["tasks_without_solution"].get<long>(),
+              static_cast<long>(evaluator::load_tasks(eval_fixtures() / "tasks").size()) - 1)
+        << "only linear_relu has a solution here";
+  }
+  // The released layout with a CUDA kernel: nvcc builds it here; with no GPU it cannot run, and
+  // says so at run time, not as a compile error.
+  auto run = run_eval(eval_fixtures() / "tasks", eval_fixtures() / "agent_released_cuda", dir / "cuda",
+                      {"--no-plots", "--correct-trials", "2"});
   ASSERT_EQ(run.cmd.exit_code, 0) << run.cmd.err;
   json r = run.by_solution["linear_relu"];
-  EXPECT_EQ(r["layout"], "folder");
+  EXPECT_TRUE(r["compile_seconds"].is_number()) << r.dump(2);
+  EXPECT_NE(r["reason"], "compile_error") << r.dump(2);
+  EXPECT_EQ(r["reward"], -1);
+}
+
+TEST(Eval, WithoutBubblewrapRowsAreFlaggedAndRequireSandboxRefuses) {
+  test::TempDir dir;
+  ::setenv("OPFORGE_BWRAP", "/nonexistent/bwrap", 1);
+  auto refused = test::run_opforge({"eval", "--tasks", (eval_fixtures() / "tasks").string(), "--solutions",
+                                    (eval_fixtures() / "solutions").string(), "--out", (dir / "r").string(),
+                                    "--device", "cpu", "--require-sandbox"});
+  auto run = run_eval(eval_fixtures() / "tasks", eval_fixtures() / "solutions", dir / "out",
+                      {"--no-plots", "--correct-trials", "2"});
+  ::unsetenv("OPFORGE_BWRAP");
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.err.find("--require-sandbox"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("bwrap"), std::string::npos) << refused.err;
+  ASSERT_EQ(run.cmd.exit_code, 0) << run.cmd.err;
+  json r = run.by_solution["linear_relu"];
   EXPECT_TRUE(r["correct"].get<bool>()) << r.dump(2);
-  EXPECT_GE(r["reward"].get<int>(), 1);
-  EXPECT_EQ(run.report["summary"]["tasks_without_solution"].get<long>(),
-            static_cast<long>(evaluator::load_tasks(eval_fixtures() / "tasks").size()) - 1)
-      << "only linear_relu has a solution here";
+  EXPECT_EQ(r["flags"], json::array({"sandbox_off"}));
+  EXPECT_EQ(r["reward"], 1) << "an unsandboxed row earns at most 1";
+  EXPECT_EQ(r["sandbox"].get<std::string>().rfind("off: ", 0), 0u) << r["sandbox"];
+  EXPECT_EQ(run.report["summary"]["unsandboxed"], 1);
 }
 
 TEST(Eval, ShardRecordsAndWorkspaceTasksMatchSolutionsById) {

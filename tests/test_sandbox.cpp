@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <iostream>
 #include <thread>
 
 #include "opforge/core/error.h"
@@ -40,17 +41,50 @@ const json& probe() {
   return p;
 }
 
-// Host processes whose command line holds marker.
-int processes_with(const std::string& marker) {
-  int n = 0;
+// Host pids whose command line holds marker and starts with argv0 (a prefix of it).
+std::vector<pid_t> pids_with(const std::string& marker, const std::string& argv0) {
+  std::vector<pid_t> out;
   std::error_code ec;
   for (auto& e : fs::directory_iterator("/proc", ec)) {
     std::string name = e.path().filename().string();
     if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
     std::string cmdline = test::read_file(e.path() / "cmdline");
-    if (cmdline.find(marker) != std::string::npos) ++n;
+    if (cmdline.find(marker) != std::string::npos && cmdline.rfind(argv0, 0) == 0) out.push_back(std::stoi(name));
   }
-  return n;
+  return out;
+}
+
+// The sandboxed python processes (not sandbox-exec or bwrap, whose argv holds the marker too).
+int processes_with(const std::string& marker) {
+  return static_cast<int>(pids_with(marker, "python3").size() + pids_with(marker, "/usr/bin/python3").size());
+}
+
+bool gone_within(const std::string& marker, double seconds) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (processes_with(marker) > 0 && std::chrono::steady_clock::now() < end)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (processes_with(marker) == 0) return true;
+  std::cerr << test::shell("ps -eo pid,ppid,stat,args | grep " + marker).second;
+  return false;
+}
+
+// A python that starts a setsid child and sleeps, both with marker in their argv.
+std::vector<std::string> sleeping_tree(const std::string& marker) {
+  const char* script =
+      "import os, sys, time\n"
+      "if os.fork() == 0:\n"
+      "    os.setsid()\n"
+      "    os.execv('/usr/bin/python3', ['python3', '-c', 'import time; time.sleep(300)', sys.argv[1]])\n"
+      "time.sleep(300)\n";
+  return {"sandbox-exec", "--spec", R"({"max_pids": 32})", "--", "/usr/bin/python3", "-c", script, marker};
+}
+
+// The command and its setsid child are both running (the child past its exec: until then it is a
+// second /usr/bin/python3).
+bool tree_started(const std::string& marker) {
+  auto up = [&] { return pids_with(marker, "/usr/bin/python3").size() == 1 && pids_with(marker, "python3").size() == 1; };
+  for (int i = 0; i < 400 && !up(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return up();
 }
 
 std::string unique_marker() {
@@ -145,17 +179,17 @@ TEST(SandboxSpec, ArgvIsTheProfileParentsFirst) {
   EXPECT_LT(at({"--remount-ro", "/"}), at({"--", "sh", "-c", "true"}));
   EXPECT_EQ(a.back(), "true");
   EXPECT_EQ(at({"--dev-bind"}), -1);  // no devices without gpu
-  if (fs::exists("/etc/shadow")) EXPECT_GE(at({"--ro-bind", "/dev/null", "/etc/shadow"}), 0);
+  if (fs::exists("/etc/shadow")) {
+    EXPECT_GE(at({"--ro-bind", "/dev/null", "/etc/shadow"}), 0);
+  }
 
   Limits l;
   l.mechanism = "cgroup v1";
   l.memory_mb = 2048;
   l.max_pids = 256;
   std::string d = describe(s, l);
-  EXPECT_NE(d.find("ro-root, net none, pid/ipc/uts ns, uid nobody, caps dropped, no_new_privs, env 2 vars; limits "
-                   "cgroup v1 memory=2048M pids=256"),
-            std::string::npos)
-      << d;
+  EXPECT_NE(d.find("ro-root, net none, pid/ipc/uts ns, uid nobody, caps dropped, no_new_privs"), std::string::npos) << d;
+  EXPECT_NE(d.find(", env 2 vars; limits cgroup v1 memory=2048M pids=256"), std::string::npos) << d;
   EXPECT_NE(describe(s, Limits{"none", "v1: not writable"}).find("limits none (v1: not writable)"), std::string::npos);
 }
 
@@ -216,6 +250,30 @@ print(json.dumps({
   EXPECT_TRUE(fs::exists(rw / "new.txt"));
   EXPECT_FALSE(fs::exists(ro / "new.txt"));
   EXPECT_FALSE(fs::exists(fs::path("/tmp") / tmp_name));  // /tmp inside is the sandbox's own
+}
+
+TEST(SandboxExec, PathsUnderWorkLeaveNoMountPointsInTheWorkFolder) {
+  std::string fixtures = test::fixtures().string();
+  if (fixtures.rfind("/work/", 0) != 0) GTEST_SKIP() << "needs a project tree under /work (here: " << fixtures << ")";
+  test::TempDir work;
+  auto r = sandbox_exec({{"work", work.path().string()}, {"ro", {fixtures}}},
+                        {"sh", "-c", "test -d " + fixtures + " && echo kept > /work/kept.txt"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> left;
+  for (auto& e : fs::recursive_directory_iterator(work.path())) left.push_back(e.path().lexically_relative(work.path()));
+  EXPECT_EQ(left, std::vector<std::string>{"kept.txt"});
+}
+
+TEST(SandboxExec, NoCapabilitiesNoNewPrivsNoNestedUserNamespaces) {
+  auto r = sandbox_exec(json::object(), {"sh", "-c", "grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/self/status; "
+                                                      "unshare -U true 2>/dev/null && echo nested userns; exit 0"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("CapEff:\t0000000000000000\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("CapBnd:\t0000000000000000\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("NoNewPrivs:\t1\n"), std::string::npos) << r.out;
+  if (probe()["profile"].get<std::string>().find("no nested userns") != std::string::npos) {
+    EXPECT_EQ(r.out.find("nested userns"), std::string::npos) << r.out;
+  }
 }
 
 TEST(SandboxExec, NoNetworkNotEvenTheHostLoopbackOrAbstractSockets) {
@@ -315,25 +373,61 @@ for _ in range(200):
 
 TEST(SandboxExec, SigtermKillsTheWholeTreeAndRemovesTheCgroup) {
   std::string marker = unique_marker();
-  const char* script =
-      "import os, sys, time\n"
-      "if os.fork() == 0:\n"
-      "    os.setsid()\n"
-      "    os.execv('/usr/bin/python3', ['python3', '-c', 'import time; time.sleep(300)', sys.argv[1]])\n"
-      "time.sleep(300)\n";
-  pid_t pid = test::spawn_opforge({"sandbox-exec", "--spec", R"({"max_pids": 32})", "--", "/usr/bin/python3", "-c",
-                                   script, marker});
-  for (int i = 0; i < 200 && processes_with(marker) < 2; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  ASSERT_EQ(processes_with(marker), 2);  // the command and its setsid child
+  pid_t pid = test::spawn_opforge(sleeping_tree(marker));
+  bool started = tree_started(marker);
   fs::path base = own_pids_cgroup_v1();
-  if (probe()["limits"] == "cgroup v1") EXPECT_EQ(cgroups_of(pid, base), 1);
+  int cgroups_while_running = cgroups_of(pid, base);
   ::kill(pid, SIGTERM);
   int status = 0;
   ::waitpid(pid, &status, 0);
+  ASSERT_TRUE(started);
+  if (probe()["limits"] == "cgroup v1") {
+    EXPECT_EQ(cgroups_while_running, 1);
+  }
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 128 + SIGKILL);
   EXPECT_EQ(processes_with(marker), 0);
-  if (probe()["limits"] == "cgroup v1") EXPECT_EQ(cgroups_of(pid, base), 0);
+  if (probe()["limits"] == "cgroup v1") {
+    EXPECT_EQ(cgroups_of(pid, base), 0);
+  }
+}
+
+TEST(SandboxExec, AKilledJudgeOrLauncherStillTakesTheTreeWithIt) {
+  // The judge (our forked child) is SIGKILLed: sandbox-exec gets SIGTERM (PR_SET_PDEATHSIG) and
+  // cleans up as if asked to stop, cgroup included.
+  std::string marker = unique_marker();
+  pid_t judge = ::fork();
+  if (judge == 0) {
+    test::spawn_opforge(sleeping_tree(marker));
+    ::pause();
+    ::_exit(0);
+  }
+  bool started = tree_started(marker);
+  auto launcher = pids_with(marker, test::opforge_bin().string());
+  ::kill(judge, SIGKILL);
+  ::waitpid(judge, nullptr, 0);
+  EXPECT_TRUE(started);
+  EXPECT_TRUE(gone_within(marker, 5));
+  ASSERT_EQ(launcher.size(), 1u);
+  if (probe()["limits"] == "cgroup v1") {
+    for (int i = 0; i < 500 && cgroups_of(launcher[0], own_pids_cgroup_v1()) > 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_EQ(cgroups_of(launcher[0], own_pids_cgroup_v1()), 0);
+  }
+
+  // sandbox-exec itself SIGKILLed: bwrap dies with it (PDEATHSIG), the namespace with bwrap. Its
+  // empty cgroup stays until the next launch sweeps it.
+  marker = unique_marker();
+  pid_t pid = test::spawn_opforge(sleeping_tree(marker));
+  started = tree_started(marker);
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  EXPECT_TRUE(started);
+  EXPECT_TRUE(gone_within(marker, 5));
+  sandbox_exec(json::object(), {"true"});
+  if (probe()["limits"] == "cgroup v1") {
+    EXPECT_EQ(cgroups_of(pid, own_pids_cgroup_v1()), 0);
+  }
 }
 
 TEST(SandboxExec, MemoryLimitEndsAHogWith137) {
@@ -373,9 +467,11 @@ print(made, failed)
   EXPECT_LT(made, 16);  // bwrap's two processes and python count too
   EXPECT_GT(failed, 0);
   EXPECT_NE(r.err.find("[sandbox] pids_limit: "), std::string::npos) << r.err;
-  // A shell fork bomb: the run still ends once its first process exits.
+  // A shell fork bomb: the run still ends once its first process exits (its status depends on
+  // which fork failed first: dash gives up with 2 when its own fork fails).
   r = sandbox_exec({{"max_pids", 16}}, {"sh", "-c", "b() { b | b & }; b; sleep 1; exit 3"});
-  EXPECT_EQ(r.exit_code, 3) << r.err.substr(0, 2000);
+  EXPECT_TRUE(r.exit_code == 3 || r.exit_code == 2) << r.exit_code;
+  EXPECT_NE(r.err.find("[sandbox] pids_limit: "), std::string::npos) << r.err.substr(r.err.size() - 300);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20);
 }
 

@@ -62,7 +62,9 @@ std::vector<std::string> strings_at(const json& v, const std::string& key) {
 }
 
 std::size_t count_at(const json& v, const std::string& key) {
-  if (!v.is_number_unsigned()) bad_type(key, "a non-negative integer", v);
+  // Integers written by C++ (a vector<int>) are signed in nlohmann::json, parsed ones unsigned.
+  if (!v.is_number_integer() || (!v.is_number_unsigned() && v.get<long long>() < 0))
+    bad_type(key, "a non-negative integer", v);
   return v.get<std::size_t>();
 }
 
@@ -199,6 +201,12 @@ void add_gpu(std::vector<std::string>& a) {
           "/proc/driver/nvidia"});
 }
 
+// --disable-userns is bwrap 0.8.0's; older ones refuse the option.
+bool can_disable_userns(const std::string& version) {
+  int major = 0, minor = 0;
+  return std::sscanf(version.c_str(), "%d.%d", &major, &minor) == 2 && (major > 0 || minor >= 8);
+}
+
 struct Place {
   std::string op, src, dst;
 };
@@ -231,6 +239,8 @@ std::vector<std::string> bwrap_argv(const SandboxSpec& spec, const std::vector<s
   std::vector<std::string> a = {"bwrap",           "--unshare-all", "--unshare-user", "--uid",        "65534",
                                 "--gid",           "65534",         "--hostname",     "sandbox",      "--die-with-parent",
                                 "--new-session",   "--cap-drop",    "ALL",            "--clearenv"};
+  // No nested user namespaces: each would be a fresh root-in-namespace for kernel bugs to meet.
+  if (can_disable_userns(bwrap_version(find_bwrap()))) add(a, {"--disable-userns"});
   for (auto& [k, v] : spec.env) add(a, {"--setenv", k, v});
   add_system_root(a);
   add(a, {"--proc", "/proc", "--dev", "/dev"});
@@ -324,9 +334,10 @@ std::string describe(const SandboxSpec& spec, const Limits& applied) {
     auto pids = applied.max_pids ? std::to_string(applied.max_pids) : std::string("unlimited");
     limits = fmt::format("{} memory={} pids={}", applied.mechanism, mem, pids);
   }
-  return fmt::format("bwrap {}: ro-root, net none, pid/ipc/uts ns, uid nobody, caps dropped, no_new_privs, env {} vars{}; "
-                     "limits {}",
-                     version.empty() ? "(not found)" : version, spec.env.size(), spec.gpu ? ", gpu" : "", limits);
+  return fmt::format("bwrap {}: ro-root, net none, pid/ipc/uts ns, uid nobody, caps dropped, no_new_privs{}, env {} "
+                     "vars{}; limits {}",
+                     version.empty() ? "(not found)" : version, can_disable_userns(version) ? ", no nested userns" : "",
+                     spec.env.size(), spec.gpu ? ", gpu" : "", limits);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -389,7 +400,7 @@ fs::path own_cgroup_dir(const std::string& fstype, const std::string& controller
     // A mount of a sub-tree (cgroup namespaces, containers) shows paths relative to its root.
     std::string rel = cg_path;
     if (root != "/" && is_under(rel, root)) rel = rel.substr(root.size());
-    fs::path dir = fs::path(point) / fs::path(rel).relative_path();
+    fs::path dir = fs::path(rel).relative_path().empty() ? fs::path(point) : fs::path(point) / fs::path(rel).relative_path();
     if (fs::is_directory(dir)) return dir;
   }
   return {};
@@ -560,9 +571,12 @@ void Cgroup::remove() {
   kill_all();
   for (auto& d : dirs_) {
     // Exiting tasks leave the cgroup a moment after they are reaped.
-    for (int i = 0; i < 400 && ::rmdir(d.c_str()) != 0 && errno == EBUSY; ++i)
+    int rc = ::rmdir(d.c_str());
+    for (int i = 0; i < 400 && rc != 0 && errno == EBUSY; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    if (fs::exists(d)) spdlog::warn("could not remove the sandbox cgroup {}: {}", d.string(), std::strerror(errno));
+      rc = ::rmdir(d.c_str());
+    }
+    if (rc != 0) spdlog::warn("could not remove the sandbox cgroup {}: {}", d.string(), std::strerror(errno));
   }
   dirs_.clear();
   version_ = 0;
@@ -601,6 +615,10 @@ class SignalGuard {
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
     for (std::size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &sa, &old_[i]);
+    // An inherited SIG_IGN for SIGCHLD would auto-reap bwrap and lose its status.
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    ::sigaction(SIGCHLD, &dfl, &old_chld_);
     ::prctl(PR_GET_CHILD_SUBREAPER, &old_subreaper_);
     ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   }
@@ -612,6 +630,7 @@ class SignalGuard {
     ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
     g_child = 0;
     for (std::size_t i = 0; i < std::size(kStopSignals); ++i) ::sigaction(kStopSignals[i], &old_[i], nullptr);
+    ::sigaction(SIGCHLD, &old_chld_, nullptr);
     ::prctl(PR_SET_CHILD_SUBREAPER, old_subreaper_);
   }
   const sigset_t& old_mask() const { return old_mask_; }
@@ -619,6 +638,7 @@ class SignalGuard {
  private:
   sigset_t old_mask_{};
   struct sigaction old_[std::size(kStopSignals)] {};
+  struct sigaction old_chld_ {};
   int old_subreaper_ = 0;
 };
 
@@ -631,6 +651,7 @@ struct ChildPlan {
   int stderr_fd = -1;
   pid_t parent = 0;
   sigset_t mask{};
+  unsigned max_fd = 0;  // for closing one by one where close_range is missing
 };
 
 enum ChildStage : int { kJoinCgroup = 1, kKeepFd = 2, kExec = 3, kParentGone = 4 };
@@ -641,13 +662,18 @@ enum ChildStage : int { kJoinCgroup = 1, kKeepFd = 2, kExec = 3, kParentGone = 4
   ::_exit(125);
 }
 
-void close_other_fds(const std::vector<int>& keep) {
+void close_fds(unsigned lo, unsigned hi, unsigned max_fd) {
+  if (::close_range(lo, hi, 0) == 0) return;
+  for (unsigned fd = lo; fd <= std::min(hi, max_fd); ++fd) ::close(static_cast<int>(fd));  // kernel < 5.9
+}
+
+void close_other_fds(const std::vector<int>& keep, unsigned max_fd) {
   unsigned lo = 3;
   for (int k : keep) {
-    if (static_cast<unsigned>(k) > lo) ::close_range(lo, static_cast<unsigned>(k) - 1, 0);
+    if (static_cast<unsigned>(k) > lo) close_fds(lo, static_cast<unsigned>(k) - 1, max_fd);
     lo = std::max(lo, static_cast<unsigned>(k) + 1);
   }
-  ::close_range(lo, ~0U, 0);
+  close_fds(lo, ~0U, max_fd);
 }
 
 [[noreturn]] void child_exec(const ChildPlan& p) {
@@ -666,7 +692,7 @@ void close_other_fds(const std::vector<int>& keep) {
     int flags = ::fcntl(fd, F_GETFD);
     if (flags < 0 || ::fcntl(fd, F_SETFD, flags & ~FD_CLOEXEC) < 0) child_fail(p.err_fd, kKeepFd, errno);
   }
-  close_other_fds(p.keep);
+  close_other_fds(p.keep, p.max_fd);
   ::execv(p.argv[0], p.argv.data());
   child_fail(p.err_fd, kExec, errno);
 }
@@ -674,8 +700,6 @@ void close_other_fds(const std::vector<int>& keep) {
 // Forks the child that becomes bwrap; returns once bwrap runs (or throws why it could not).
 pid_t spawn_bwrap(std::vector<std::string>& args, const Cgroup& cg, const SandboxSpec& spec, int stderr_fd,
                   SignalGuard& guard) {
-  for (int fd : spec.keep_fds)
-    OPFORGE_CHECK(::fcntl(fd, F_GETFD) >= 0, "sandbox spec: \"keep_fds\" lists fd {}, which is not open", fd);
   int err[2];
   OPFORGE_CHECK(::pipe2(err, O_CLOEXEC) == 0, "cannot create a pipe: {}", std::strerror(errno));
   ChildPlan plan;
@@ -689,6 +713,9 @@ pid_t spawn_bwrap(std::vector<std::string>& args, const Cgroup& cg, const Sandbo
   plan.stderr_fd = stderr_fd;
   plan.parent = ::getpid();
   plan.mask = guard.old_mask();
+  struct rlimit nofile {};
+  ::getrlimit(RLIMIT_NOFILE, &nofile);
+  plan.max_fd = static_cast<unsigned>(std::min<rlim_t>(nofile.rlim_cur, 1 << 20));
   pid_t pid = ::fork();
   if (pid == 0) child_exec(plan);
   int fork_errno = errno;
@@ -726,6 +753,34 @@ void reap_orphans() {
   }
 }
 
+// bwrap makes the mount points of ro/rw paths under /work in the host's work folder; those that
+// were not there before the run are removed after it, where still empty (left as they were).
+std::vector<fs::path> work_stubs(const SandboxSpec& spec) {
+  std::vector<fs::path> out;
+  if (spec.work.empty()) return out;
+  for (auto* list : {&spec.ro, &spec.rw})
+    for (auto& p : *list) {
+      if (!is_under(p, "/work")) continue;
+      fs::path host = spec.work;
+      for (auto& part : fs::path(p).lexically_relative("/work")) {
+        host /= part;
+        std::error_code ec;
+        if (!fs::exists(fs::symlink_status(host, ec))) out.push_back(host);
+      }
+    }
+  return out;
+}
+
+void remove_stubs(std::vector<fs::path> stubs) {
+  std::sort(stubs.begin(), stubs.end(), [](auto& a, auto& b) { return a.native().size() > b.native().size(); });
+  for (auto& p : stubs) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0) continue;
+    if (S_ISDIR(st.st_mode)) ::rmdir(p.c_str());  // fails, as it should, when the sandbox wrote into it
+    if (S_ISREG(st.st_mode) && st.st_size == 0) ::unlink(p.c_str());
+  }
+}
+
 void check_host_paths(const SandboxSpec& spec) {
   for (auto* list : {&spec.ro, &spec.rw})
     for (auto& p : *list)
@@ -734,7 +789,7 @@ void check_host_paths(const SandboxSpec& spec) {
     OPFORGE_CHECK(fs::is_directory(spec.work), "sandbox spec: \"work\" folder {} does not exist", spec.work);
 }
 
-void judge(SandboxRun& run, const CgroupEvents& ev, int status) {
+void read_outcome(SandboxRun& run, const CgroupEvents& ev, int status) {
   bool killed = WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGKILL);
   // A v1 kernel without the oom_kill counter: a SIGKILL after the limit was hit is the OOM killer.
   if (ev.oom_kills > 0 || (ev.oom_kills < 0 && ev.mem_failcnt > 0 && killed && !run.terminated)) {
@@ -758,6 +813,9 @@ void judge(SandboxRun& run, const CgroupEvents& ev, int status) {
 
 SandboxRun run_sandbox(const SandboxSpec& spec, const std::vector<std::string>& command, int stderr_fd) {
   check_host_paths(spec);
+  // Checked before we open anything ourselves, which could take a missing fd's number.
+  for (int fd : spec.keep_fds)
+    OPFORGE_CHECK(::fcntl(fd, F_GETFD) >= 0, "sandbox spec: \"keep_fds\" lists fd {}, which is not open", fd);
   std::string bwrap = find_bwrap();
   OPFORGE_CHECK(!bwrap.empty(), "{}", bwrap_missing());
   auto args = bwrap_argv(spec, command);
@@ -769,15 +827,17 @@ SandboxRun run_sandbox(const SandboxSpec& spec, const std::vector<std::string>& 
   run.limits = cg.limits();
   if (run.limits.mechanism == "none" && (spec.memory_mb || spec.max_pids))
     run.notes.push_back(fmt::format("limits: none ({})", run.limits.why));
-  spdlog::debug("sandbox: {}", describe(spec, run.limits));
+  if (spdlog::should_log(spdlog::level::debug)) spdlog::debug("sandbox: {}", describe(spec, run.limits));
+  std::vector<fs::path> stubs = work_stubs(spec);
   pid_t pid = spawn_bwrap(args, cg, spec, stderr_fd, guard);
   int status = wait_status(pid);
   run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   run.terminated = g_signal != 0;
   reap_orphans();
   cg.kill_all();
-  judge(run, cg.events(), status);
+  read_outcome(run, cg.events(), status);
   cg.remove();
+  remove_stubs(std::move(stubs));
   return run;
 }
 

@@ -30,6 +30,10 @@ from opforge import extensions as X
 from opforge import shm
 
 WORK = os.environ.get("OPFORGE_WORK", "/work")
+# The solution's own files go one level down: the sandbox may create mount points of its
+# read-only paths inside /work (when the project itself lives under /work), and a CUDA Agent
+# folder is built from every source under it.
+SOLUTION = os.path.join(WORK, "solution")
 
 
 class Refused(Exception):
@@ -62,7 +66,8 @@ def _write_files(msg, fds):
     if not msg.get("files"):
         return
     blob = shm.HostArena(fds[0], int(msg["files_bytes"]))
-    base = os.path.realpath(WORK)
+    os.makedirs(SOLUTION, exist_ok=True)
+    base = os.path.realpath(SOLUTION)
     for f in msg["files"]:
         rel = os.path.normpath(f["path"])
         if rel.startswith("..") or os.path.isabs(rel):
@@ -111,12 +116,12 @@ def _import_with(hook, st, msg):
     saved = ce.load, ce.load_inline
     ce.load = lambda *a, **k: hook("load", a, k)
     ce.load_inline = lambda *a, **k: hook("load_inline", a, k)
-    sys.path.insert(0, WORK)
-    os.chdir(WORK)
+    sys.path.insert(0, SOLUTION)
+    os.chdir(SOLUTION)
     try:
         if msg.get("layout") == "folder":
             sys.modules["cuda_extension"] = hook("folder", (), {})
-        return _exec_module(os.path.join(WORK, msg["entry"]))
+        return _exec_module(os.path.join(SOLUTION, msg["entry"]))
     finally:
         ce.load, ce.load_inline = saved
 
@@ -125,7 +130,7 @@ def _load_built(art):
     from torch.utils.cpp_extension import _import_module_from_library
 
     try:
-        return _import_module_from_library(art["name"], os.path.join(WORK, art["dir"]), True)
+        return _import_module_from_library(art["name"], os.path.join(SOLUTION, art["dir"]), True)
     except (ImportError, OSError) as e:
         raise Refused("load_error", f"the built extension {art['name']} does not load: {e}") from None
 
@@ -139,7 +144,7 @@ def op_load(st, msg, fds):
     st.calls = ExtensionCalls()
 
     def hook(kind, a, k):
-        k_ = "folder" if kind == "folder" else X.key(X.record(kind, a, k, WORK))
+        k_ = "folder" if kind == "folder" else X.key(X.record(kind, a, k, SOLUTION))
         if k_ not in arts:
             raise Refused("compile_error", f"{kind}({(a or [k.get('name')])[0]!r}): no build of these sources "
                                            "(they differ from what the build phase saw)")
@@ -157,7 +162,7 @@ def op_discover(st, msg, fds):
     def hook(kind, a, k):
         if kind != "folder":
             try:
-                calls.append(X.record(kind, a, k, WORK))
+                calls.append(X.record(kind, a, k, SOLUTION))
             except X.RecordError as e:
                 raise Refused("compile_error", str(e)) from None
         return _Proxy(kind)
@@ -178,7 +183,7 @@ def op_compile(st, msg, fds):
         if "folder" in msg:
             from opforge import solution_build
 
-            res = solution_build.build_folder(os.path.join(WORK, msg["folder"]), out)
+            res = solution_build.build_folder(os.path.join(SOLUTION, msg["folder"]), out)
             name = res["name"]
         else:
             rec = dict(msg["record"])
@@ -196,8 +201,8 @@ def op_compile(st, msg, fds):
                 ce.load(build_directory=out, verbose=False, **rec)
             else:
                 ce.load_inline(build_directory=out, verbose=False, **rec)
-    except (RuntimeError, OSError, ImportError, TypeError, ValueError) as e:
-        raise Refused("compile_error", _tail(str(e))) from None
+    except Exception as e:  # noqa: BLE001 - whatever stops a build is the build's failure
+        raise Refused("compile_error", _tail(f"{type(e).__name__}: {e}")) from None
     return {"name": name, "seconds": time.perf_counter() - t0}
 
 
@@ -277,13 +282,23 @@ def _checked_forward(st):
         try:
             with torch.no_grad(), guard:
                 out = st.model(*st.args)
-            _sync()
         except (Exception, SystemExit) as e:  # noqa: BLE001
             out, error = None, e
+        pending = _pending_ms()
     ops = sorted({e.name for e in prof.events() if "::" in e.name})
-    evidence = {"ops": ops, "guard": sorted(set(guard.violations)),
+    evidence = {"ops": ops, "guard": sorted(set(guard.violations)), "pending_ms": pending,
                 "extension_calls": (st.calls.count - before) if st.calls else None}
     return out, error, evidence
+
+
+def _pending_ms():
+    """On CUDA: how long the device stays busy once the current stream is done (work left on
+    another stream shows as more than a device sync's own tens of microseconds)."""
+    if not torch.cuda.is_initialized():
+        return None
+    from opforge import timing
+
+    return timing.pending_after_stream_ms()
 
 
 def _leaves(out):
@@ -302,6 +317,8 @@ def _publish(st, out):
     want = [{"shape": list(v.shape), "dtype": str(v.dtype).replace("torch.", "")} for v in st.out_views]
     if got != want:
         return {"structure": got}
+    # Copied in the order of the current stream: an output still being written on another stream
+    # is read as it is, as a caller of ModelNew would read it.
     for v, t in zip(st.out_views, leaves):
         v.copy_(t)
     _sync()
@@ -309,6 +326,7 @@ def _publish(st, out):
 
 
 def op_run(st, msg, fds):
+    st.last = None  # the previous output's memory is free for this call
     if msg.get("mode") == "check":
         out, error, evidence = _checked_forward(st)
         if error is not None:
@@ -324,12 +342,56 @@ def op_run(st, msg, fds):
     return reply
 
 
+# Kernels of allocation fills and layout copies are torch's, and allowed; other aten kernels are compute.
+_ALLOWED_NATIVE = ("FillFunctor", "copy", "Copy", "fill")
+_LIBRARIES = ("cublas", "cutlass", "cudnn", "gemm", "xmma", "gemv", "cublasLt", "nvjet")
+
+
+def _kernel_kind(name):
+    if "at::native" in name or name.startswith("void at::") or "aten::" in name:
+        return "torch_allowed" if any(a in name for a in _ALLOWED_NATIVE) else "torch_compute"
+    return "library" if any(k in name.lower() for k in _LIBRARIES) else "own"
+
+
+def op_profile(st, msg, fds):
+    """A separate pass under the CUDA profiler: the kernels one call launches, by kind, and their
+    total time per call. Evidence for the judge, which keeps its own clock for the reward."""
+    from torch.profiler import ProfilerActivity, profile
+
+    n = max(1, min(int(msg.get("calls", 5)), 50))
+    _forward(st)
+    _sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            _forward(st)
+        _sync()
+    by_kind, names = {}, {}
+    for e in prof.events():
+        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        kind = _kernel_kind(e.name)
+        by_kind[kind] = by_kind.get(kind, 0.0) + e.device_time / n / 1e3
+        if kind == "torch_compute":
+            names[e.name[:120]] = 1
+    return {"kernel_ms_per_call": sum(by_kind.values()), "by_kind_ms": by_kind, "torch_kernels": sorted(names)[:8]}
+
+
 def op_fetch(st, msg, fds):
     return _publish(st, st.last)
 
 
+def op_ready(st, msg, fds):
+    """Right before a timed call: one tiny kernel, so the GPU has switched from the judge's
+    context to this one outside the timed region (a switch costs far more than a launch)."""
+    if torch.cuda.is_initialized():
+        st.tick = torch.ones(1, device=st.device) if getattr(st, "tick", None) is None else st.tick.add_(1)
+        torch.cuda.synchronize()
+    return {}
+
+
 OPS = {"load": op_load, "discover": op_discover, "compile": op_compile, "reference": op_reference,
-       "init": op_init, "bind": op_bind, "run": op_run, "fetch": op_fetch}
+       "init": op_init, "bind": op_bind, "run": op_run, "fetch": op_fetch, "profile": op_profile,
+       "ready": op_ready}
 
 
 def _answer(st, msg, fds):
@@ -347,11 +409,29 @@ def _answer(st, msg, fds):
                 "traceback": traceback.format_exc()[-3000:]}
 
 
+def _startup_s():
+    """Seconds since this process started (its own clock: an informative figure, not a verdict)."""
+    try:
+        with open("/proc/self/stat") as f:
+            start = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - start
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def main(fd):
     """Entry point of `opforge worker --candidate --protocol-fd N`: serve until the judge closes."""
     chan = shm.Channel.from_fd(int(fd))
     st = State(chan)
-    chan.send({"hello": True, "pid": os.getpid(), "torch": torch.__version__})
+    # What every solution needs, imported before the judge hands one over (pre-started children
+    # wait here, so a solution's dispatch does not pay for these imports).
+    import torch.profiler  # noqa: F401
+    import torch.utils.cpp_extension  # noqa: F401
+
+    from opforge import eval_guard, task  # noqa: F401
+    if os.environ.get("OPFORGE_CHILD_DEVICE", "").startswith("cuda") and torch.cuda.is_available():
+        torch.empty(1, device="cuda")  # the CUDA context, made before the judge hands a solution over
+    chan.send({"hello": True, "pid": os.getpid(), "torch": torch.__version__, "startup_s": _startup_s()})
     while True:
         try:
             msg, fds = chan.recv()

@@ -1,5 +1,6 @@
-"""What a candidate may do, and what it must not touch: the evaluator's strict guard, extension
-loading with call counting, and the tamper snapshot.
+"""What a candidate may do under the strict policy, observed from inside its own child process
+(python/opforge/candidate.py): the guard, and the counting of its extension's calls. Evidence the
+judge weighs, never the judge itself (the judge's own checks are in python/opforge/judge.py).
 
 Strict guard: while `ModelNew.forward` runs, a TorchFunctionMode refuses every torch-level API
 call that is not allocation, a view or metadata (so `torch.matmul`, `F.*` and tensor methods such
@@ -12,10 +13,8 @@ ForbiddenOp *and* is recorded, so a solution that catches the exception and fall
 something else is still caught.
 """
 import functools
-import time
 
 import torch
-import torch._dynamo  # noqa: F401 - importing dynamo wraps torch.manual_seed: do it before the snapshot
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -160,106 +159,3 @@ class ExtensionCalls:
             return fn(*args, **kwargs)
 
         return call
-
-
-class BuildFailed(Exception):
-    """The compiler rejected the solution's sources; message holds the build log."""
-
-
-def _sha(parts):
-    import hashlib
-
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(p if isinstance(p, bytes) else str(p).encode())
-        h.update(b"\0")
-    return h.hexdigest()
-
-
-def hooked_loaders(calls, extensions_dir):
-    """Replacements of cpp_extension.load/load_inline for the time the solution is imported.
-    Each build goes to extensions_dir/<name>_<hash of name, sources and flags>: equal sources
-    share one build across solutions and runs, different sources under one name never overwrite
-    each other (torch's own versioning only holds within one process). Compiler failures become
-    BuildFailed; the modules' functions are counted. Returns (load, load_inline, orig_load,
-    orig_load_inline)."""
-    import os
-
-    import torch.utils.cpp_extension as ce
-
-    orig_load, orig_inline = ce.load, ce.load_inline
-
-    def _build(orig, *args, **kwargs):
-        kwargs.pop("build_directory", None)  # the harness's cache, not a path the solution picks
-        parts = [repr(args), repr(sorted(kwargs.items()))]
-        sources = kwargs.get("sources", args[1] if orig is orig_load and len(args) > 1 else [])
-        for src in [sources] if isinstance(sources, str) else list(sources or []):
-            if isinstance(src, str) and os.path.isfile(src):
-                with open(src, "rb") as f:
-                    parts.append(f.read())
-        name = kwargs.get("name", args[0] if args else "extension")
-        build_dir = os.path.join(extensions_dir, f"{name}_{_sha(parts)[:12]}")
-        os.makedirs(build_dir, exist_ok=True)
-        try:
-            mod = orig(*args, build_directory=build_dir, **kwargs)
-        except (RuntimeError, OSError, ImportError) as e:
-            raise BuildFailed(str(e)) from None
-        return calls.wrap(mod)
-
-    return (functools.partial(_build, orig_load), functools.partial(_build, orig_inline), orig_load, orig_inline)
-
-
-# ---------------------------------------------------------------------------------------------
-# Tampering: identities of what the harness relies on, taken before any solution code runs.
-
-def _targets():
-    import opforge.timing as timing
-
-    out = {
-        "time.perf_counter": (time, "perf_counter"), "time.perf_counter_ns": (time, "perf_counter_ns"),
-        "time.time": (time, "time"), "time.monotonic": (time, "monotonic"), "time.sleep": (time, "sleep"),
-        "torch.cuda.synchronize": (torch.cuda, "synchronize"), "torch.cuda.Event": (torch.cuda, "Event"),
-        "torch.cuda.Event.record": (torch.cuda.Event, "record"),
-        "torch.cuda.Event.elapsed_time": (torch.cuda.Event, "elapsed_time"),
-        "torch.cuda.Event.synchronize": (torch.cuda.Event, "synchronize"),
-        "torch.cuda.Stream.synchronize": (torch.cuda.Stream, "synchronize"),
-        "torch.cuda.current_stream": (torch.cuda, "current_stream"),
-        "torch.cuda.is_available": (torch.cuda, "is_available"),
-        "torch.allclose": (torch, "allclose"), "torch.isclose": (torch, "isclose"), "torch.equal": (torch, "equal"),
-        "torch.manual_seed": (torch, "manual_seed"), "torch.randn": (torch, "randn"), "torch.rand": (torch, "rand"),
-        "torch.Tensor.clone": (torch.Tensor, "clone"), "torch.Tensor.float": (torch.Tensor, "float"),
-        "torch.Tensor.abs": (torch.Tensor, "abs"), "torch.Tensor.__sub__": (torch.Tensor, "__sub__"),
-        "torch.Tensor.max": (torch.Tensor, "max"), "torch.Tensor.data_ptr": (torch.Tensor, "data_ptr"),
-        "torch.Tensor.untyped_storage": (torch.Tensor, "untyped_storage"),
-        "torch.nn.Module.__call__": (torch.nn.Module, "__call__"),
-        "torch.nn.Module.load_state_dict": (torch.nn.Module, "load_state_dict"),
-        "torch.nn.Module.state_dict": (torch.nn.Module, "state_dict"),
-        "torch.nn.Module.eval": (torch.nn.Module, "eval"),
-        "torch.no_grad": (torch, "no_grad"), "torch.compile": (torch, "compile"),
-        "opforge.timing.time_fn": (timing, "time_fn"), "opforge.timing._flush_l2": (timing, "_flush_l2"),
-        "opforge.timing.exclusive": (timing, "exclusive"), "opforge.timing.shared": (timing, "shared"),
-        "StrictGuard.__enter__": (StrictGuard, "__enter__"), "StrictGuard.__exit__": (StrictGuard, "__exit__"),
-        "_FunctionGuard.__torch_function__": (_FunctionGuard, "__torch_function__"),
-        "_DispatchGuard.__torch_dispatch__": (_DispatchGuard, "__torch_dispatch__"),
-    }
-    return out
-
-
-class TamperSnapshot:
-    """Taken before the solution is imported; changed() names what was replaced since, and
-    restore() puts the originals back so the next request in this worker is judged honestly."""
-
-    def __init__(self):
-        self.targets = _targets()
-        self.original = {k: getattr(obj, attr, None) for k, (obj, attr) in self.targets.items()}
-
-    def changed(self):
-        return sorted(k for k, (obj, attr) in self.targets.items() if getattr(obj, attr, None) is not self.original[k])
-
-    def restore(self):
-        for k, (obj, attr) in self.targets.items():
-            if getattr(obj, attr, None) is not self.original[k]:
-                try:
-                    setattr(obj, attr, self.original[k])
-                except (AttributeError, TypeError):
-                    pass

@@ -66,7 +66,7 @@ def _argv(launch, fd, work=None):
 class Child:
     """One single-use solution process. Every wait on it is bounded; its whole tree dies in close()."""
 
-    def __init__(self, launch, log, work=None, timeout_s=600):
+    def __init__(self, launch, log, work=None, timeout_s=600, wait=True):
         self.launch, self.timeout_s, self.seq = launch, timeout_s, 0
         self.chan, theirs = shm.Channel.pair()
         fd = theirs.fileno()
@@ -78,13 +78,23 @@ class Child:
             if work is None:
                 self.tmp = work = tempfile.mkdtemp(prefix="opforge-child-")
             env["OPFORGE_WORK"] = work
-        t0 = time.perf_counter()
+        self.t0 = time.perf_counter()
         self.proc = subprocess.Popen(_argv(launch, fd, work), pass_fds=[fd], stdin=subprocess.DEVNULL,
                                      stdout=log, stderr=log, env=env, start_new_session=True)
         theirs.close()
-        hello = self._recv(STARTUP_S, "starting")
-        self.cold_start_s = time.perf_counter() - t0
-        self.pid = hello.get("pid")
+        self.cold_start_s = None
+        if wait:
+            self.ready()
+
+    def ready(self):
+        """Waits for the child's hello (torch imported); returns self."""
+        if self.cold_start_s is None:
+            hello = self._recv(STARTUP_S, "starting")
+            # The child's own figure: for a pre-started child the judge's clock would also count the
+            # time it waited to be taken.
+            self.cold_start_s = hello.get("startup_s") or (time.perf_counter() - self.t0)
+            self.pid = hello.get("pid")
+        return self
 
     def _recv(self, timeout, what):
         try:
@@ -127,7 +137,9 @@ class Child:
     def must(self, op, what, fds=(), **fields):
         reply = self.ask(op, what, fds, **fields)
         if not reply.get("ok"):
-            raise Verdict(reply.get("reason") or "runtime_error", str(reply.get("detail", ""))[:4000])
+            tb = reply.get("traceback")
+            raise Verdict(reply.get("reason") or "runtime_error",
+                          str(reply.get("detail", ""))[:3000] + (f"\n{str(tb)[-1500:]}" if tb else ""))
         return reply
 
     def close(self):
@@ -139,6 +151,27 @@ class Child:
         _end_tree(self.proc)
         if self.tmp:
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+# One pre-started child per launch profile, kept by this judge worker for its next solution: the
+# child imports torch while the judge works on the current one, so a solution's dispatch costs its
+# files and its extension's load, not an interpreter's start. Never reused: taken once, then killed.
+_SPARE = {}
+
+
+def take_child(launch, log, timeout_s):
+    """A fresh child for one solution: the spare when there is a live one, else a new one; then a
+    new spare starts for the next request."""
+    key = json.dumps(launch, sort_keys=True)
+    child = _SPARE.pop(key, None)
+    if child is not None and child.proc.poll() is not None:
+        child.close()
+        child = None
+    if child is None:
+        child = Child(launch, log, timeout_s=timeout_s, wait=False)
+    child.timeout_s = timeout_s
+    _SPARE[key] = Child(launch, log, timeout_s=timeout_s, wait=False)
+    return child
 
 
 def _end_tree(proc):
@@ -233,7 +266,7 @@ def _static_source(entries, policy):
 def _static_symbols(so_path, policy):
     from opforge import static_check as S
 
-    return [_finding(f) for f in S.check_symbols(S.imported_symbols(so_path), strict=policy == "strict")]
+    return [_finding(f) for f in S.check_extension(so_path, strict=policy == "strict")]
 
 
 def _finding(f):
@@ -319,6 +352,7 @@ class Session:
 
     def __init__(self, child, ref_mod, ref, device, sets, expected0, seed):
         self.child, self.device = child, device
+        self.last_pending = None
         self.sets = sets  # the judge's input sets (tensors on device)
         self._init(ref_mod, ref, seed)
         self.in_specs, in_bytes = shm.layout([t for t in sets[0] if isinstance(t, torch.Tensor)])
@@ -413,6 +447,20 @@ def _forbidden(evidence, strict):
     return sorted(set(bad))
 
 
+def _evidence(reply):
+    """The child's report on itself, checked for shape: a malformed one is the child's fault."""
+    ev = reply.get("evidence")
+    if ev is None:
+        return {}
+    ok = (isinstance(ev, dict) and all(isinstance(x, list) and all(isinstance(n, str) for n in x)
+                                       for x in (ev.get("ops", []), ev.get("guard", [])))
+          and all(ev.get(k) is None or (isinstance(ev[k], (int, float)) and not isinstance(ev[k], bool))
+                  for k in ("pending_ms", "extension_calls")))
+    if not ok:
+        raise Verdict("protocol_error", f"the solution's process sent malformed evidence: {str(ev)[:200]}")
+    return ev
+
+
 def _shape_list(ts):
     return [{"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")} for t in ts]
 
@@ -423,7 +471,9 @@ def _check_set(sess, ref, values, label, strict, atol, rtol):
     sess.write(values)
     sess.poison()
     reply = sess.child.ask("run", f"running ModelNew on {label}", mode="check", fetch=True)
-    bad = _forbidden(reply.get("evidence") or {}, strict)
+    evidence = _evidence(reply)
+    sess.last_pending = evidence.get("pending_ms")
+    bad = _forbidden(evidence, strict)
     if bad:
         raise Verdict("forbidden_op", f"{label}: {', '.join(bad[:6])} ran during ModelNew.forward; under --policy "
                                       "strict it may only allocate, take views and call its own extension")
@@ -440,7 +490,7 @@ def _check_set(sess, ref, values, label, strict, atol, rtol):
     ok, err = _close(got, expected, atol, rtol)
     if not ok:
         raise Verdict("incorrect", f"{label}: max abs error {err:.4g} beyond atol={atol:g}, rtol={rtol:g}")
-    if strict and (reply.get("evidence") or {}).get("extension_calls") == 0:
+    if strict and evidence.get("extension_calls") == 0:
         raise Verdict("no_kernel", f"{label}: ModelNew.forward called no function of its extension (strict "
                                    "policy: the output must come from the solution's kernels)")
     return err, expected
@@ -450,13 +500,20 @@ def _stress(values):
     return [x * 4 + 1 if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in values]
 
 
+PENDING_MS = 0.15  # a device sync after an idle stream costs tens of microseconds; more is work elsewhere
+
+
 def _check_all(sess, ref, sets, strict, atol, rtol, flags):
     """Every input set, then stressed inputs when the task's outputs look constant. Returns the
     max error."""
-    max_err, outs = 0.0, []
+    max_err, outs, busy = 0.0, [], []
     for k, values in enumerate(sets):
         err, exp = _check_set(sess, ref, values, f"input set {k + 1}", strict, atol, rtol)
         max_err, outs = max(max_err, err), outs + [exp]
+        busy += [ms for ms in [sess.last_pending] if ms is not None and ms > PENDING_MS]
+    if len(busy) >= 2 and len(busy) * 2 >= len(sets):
+        raise Verdict("unsynchronized_stream", f"the device stayed busy {max(busy):.3f} ms after ModelNew's stream "
+                                               f"finished in {len(busy)} of {len(sets)} calls: work left on another stream")
     if len(outs) > 1 and all(_close(o, outs[0], atol, rtol)[0] for o in outs[1:]):
         err, exp = _check_set(sess, ref, _stress(sets[0]), "stressed inputs (x*4+1), since the task's outputs look "
                                                            "constant", strict, atol, rtol)
@@ -500,6 +557,8 @@ class _Timer:
         self.sess.write(self.current)
         timing.flush_l2(self.sess.device)
         timing.sync(self.sess.device)
+        if self.sess.device.startswith("cuda"):
+            self.sess.child.must("ready", "preparing a timed call")
 
     def call(self):
         reply = self.sess.child.ask("run", "a timed call of ModelNew", mode="time")
@@ -536,6 +595,23 @@ class _Timer:
         return stats
 
 
+def _profile(sess, result, strict, lock):
+    """The child's profile of a few calls (evidence): the share of GPU time in its own kernels, in
+    the allowed libraries and in torch's; under strict, a torch compute kernel is a fallback."""
+    with timing.exclusive(lock):
+        reply = sess.child.ask("profile", "profiling ModelNew", calls=5)
+    if not reply.get("ok"):
+        result["flags"].append("no_profile")
+        return
+    prof = {k: reply.get(k) for k in ("kernel_ms_per_call", "by_kind_ms", "torch_kernels")}
+    kernel_ms = prof.get("kernel_ms_per_call")
+    if isinstance(kernel_ms, (int, float)) and kernel_ms > 0:
+        prof["judge_over_kernels"] = result["candidate"]["median_ms"] / kernel_ms
+    result["profile"] = prof
+    if strict and prof.get("torch_kernels"):
+        raise Verdict("forbidden_op", f"torch compute kernels ran in ModelNew.forward: {prof['torch_kernels'][:3]}")
+
+
 # ---------------------------------------------------------------------------------------------
 # Requests
 
@@ -553,11 +629,18 @@ def device_name(device):
     return "cpu"
 
 
+def _draw(ref_mod, device, seed):
+    """An input set made on the device itself (a GiB of CPU randn per set would dominate a GPU
+    evaluation); the seed is the judge's and never crosses to the child."""
+    with torch.device(device):
+        return T.make_inputs(ref_mod, device, seed=seed)
+
+
 def _reference_and_sets(task_code, device, seed, n):
     try:
         ref_mod = T.load_module(task_code, name="opforge_reference")
         ref = T.build(ref_mod, device, seed=seed).eval()
-        sets = [T.make_inputs(ref_mod, device, seed=seed + 1 + k) for k in range(n)]
+        sets = [_draw(ref_mod, device, seed + 1 + k) for k in range(n)]
     except T.TaskError as e:
         raise Verdict("task_error", f"the reference task failed: {e.reason}: {e}") from None
     shapes = [[(tuple(x.shape), x.dtype) for x in s if isinstance(x, torch.Tensor)] for s in sets]
@@ -593,21 +676,23 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
     with open(log_path or os.devnull, "ab") as log:
         try:
             ref_mod, ref, sets, expected0 = _reference_and_sets(task_code, device, seed, max(2, correct_trials))
-            t0 = time.perf_counter()
-            child = Child(launch, log, timeout_s=timeout_s)
-            result["cold_start_s"] = child.cold_start_s
-            entries, refs = _artifact_entries(artifacts)
             t1 = time.perf_counter()
+            child = take_child(launch, log, timeout_s).ready()
+            result["cold_start_s"] = child.cold_start_s
+            result["dispatch_parts"] = {"child_ready_s": time.perf_counter() - t1}
+            entries, refs = _artifact_entries(artifacts)
             _ship(child, "load", "importing the solution", _solution_files(solution_dir) + entries, entry=entry,
                   layout=layout, artifacts=refs, device=device, policy=policy)
             result["compiled"] = True
+            result["dispatch_parts"]["loaded_s"] = time.perf_counter() - t1
             sess = Session(child, ref_mod, ref, device, sets, expected0, seed)
             result["dispatch_s"] = time.perf_counter() - t1
-            result["spawn_to_ready_s"] = time.perf_counter() - t0
             with timing.shared(timing.check_lock(timing_lock, device)):
                 result["max_error"] = _check_all(sess, ref, sets[:correct_trials], policy == "strict", atol, rtol,
                                                  result["flags"])
             result["candidate"] = _Timer(sess, ref, sets, atol, rtol, seed).run(trials, budget_s, timing_lock)
+            if device.startswith("cuda"):
+                _profile(sess, result, policy == "strict", timing_lock)
             result["correct"] = True
         except Verdict as v:
             result["reason"], result["detail"] = v.reason, str(v)
@@ -620,6 +705,19 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
                 child.close()
             _release()
     return result
+
+
+def _with_inductor_cache(launch, cache_dir):
+    """Baseline children run the task's own (trusted) code: they share one inductor cache of the
+    judge's, so a task code compiled once is not compiled again. Never given to a solution's child."""
+    if not cache_dir:
+        return launch
+    d = os.path.join(cache_dir, "inductor")
+    os.makedirs(d, exist_ok=True)
+    spec = json.loads(json.dumps(launch["spec"]))
+    spec.setdefault("rw", []).append(d)
+    spec.setdefault("env", {})["TORCHINDUCTOR_CACHE_DIR"] = d
+    return {**launch, "spec": spec}
 
 
 def _baseline(task_code, ref_mod, ref, sets, expected0, compile_, launch, log, device, trials, budget_s, seed,
@@ -640,10 +738,11 @@ def _baseline(task_code, ref_mod, ref, sets, expected0, compile_, launch, log, d
 
 
 def eval_baselines(task_code, launch, device="cpu", trials=100, budget_s=10.0, seed=0, timing_lock=None,
-                   timeout_s=600, log_path=None, correct_trials=5):
+                   timeout_s=600, log_path=None, correct_trials=5, cache_dir=None):
     """The reference's eager and torch.compile times, each in a child of its own timed exactly
     like a candidate (same crossing, same clock, same sampled read-backs)."""
     device = T.resolve_device(device)
+    launch = _with_inductor_cache(launch, cache_dir)
     lock = timing_lock or os.environ.get("OPFORGE_TIMING_LOCK")
     out = {"eager": None, "compile": None, "detail": "", "device_name": device_name(device), "torch": torch.__version__}
     with open(log_path or os.devnull, "ab") as log:

@@ -251,6 +251,22 @@ LINK_DIR_PREFIXES = ("/usr/local/cuda", "/usr/lib", "/usr/local/lib", "/lib", "/
 # torch namespaces whose calls are not compute: streams, devices, build. (Their dangerous members
 # are refused by TORCH_DANGEROUS before this applies.)
 FORWARD_TORCH_OK_NAMESPACES = ("torch.cuda", "torch.backends", "torch.utils.cpp_extension", "torch.version")
+# ...except these members of them, which do compute (collectives, reductions, jiterator kernels).
+FORWARD_TORCH_DENY = ("torch.cuda.comm", "torch.cuda.nccl", "torch.cuda.jiterator", "torch.cuda.sparse")
+# torch attributes that are values, not functions (dtypes, memory formats, layouts, constants):
+# fine to pass around; any other torch.<lowercase> taken as a value under strict is a function
+# whose later calls (`ops[0](x)`, `functools.partial(torch.mm, x)`) the call rules cannot see.
+TORCH_VALUE_NAMES = frozenset({
+    "float", "float32", "float64", "double", "half", "float16", "bfloat16", "int", "int8", "int16", "int32", "int64",
+    "long", "short", "uint8", "uint16", "uint32", "uint64", "bool", "complex32", "complex64", "complex128", "cfloat",
+    "cdouble", "chalf", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "qint8", "quint8",
+    "qint32", "contiguous_format", "channels_last", "channels_last_3d", "preserve_format", "strided", "sparse_coo",
+    "inf", "nan", "pi", "e",
+})
+# Tensor attributes (not methods) that are fine to read as values.
+TENSOR_VALUE_ATTRS = frozenset({"ndim", "is_cuda", "is_cpu", "is_meta", "layout", "requires_grad", "T", "mT", "H",
+                                "mH", "real", "imag", "data", "grad", "names", "is_sparse", "is_quantized", "is_leaf",
+                                "itemsize", "nbytes", "grad_fn", "output_nr"})
 # torch.<name> calls beyond ALLOWED_FUNCTIONS that compute nothing.
 FORWARD_TORCH_EXTRA = frozenset({"device", "Size", "is_tensor", "is_grad_enabled", "no_grad", "inference_mode",
                                  "get_default_dtype", "is_floating_point", "is_complex", "numel"})
@@ -258,7 +274,11 @@ FORWARD_TORCH_EXTRA = frozenset({"device", "Size", "is_tensor", "is_grad_enabled
 # Deliberately absent: names that are also tensor compute methods (add, sort, max, sum, index...).
 PY_METHODS_OK = frozenset({"append", "extend", "insert", "pop", "get", "items", "keys", "values", "join", "format",
                            "setdefault", "startswith", "endswith", "lower", "upper", "strip", "replace", "encode",
-                           "decode", "update", "copy", "count", "popleft", "appendleft"})
+                           "decode", "update", "copy", "count", "popleft", "appendleft",
+                           # CUDA streams and events
+                           "synchronize", "record", "wait_stream", "wait_event", "query", "elapsed_time"})
+# Builtins that hand tensors on element by element (for a, b in zip(x, w): a * b).
+ITERATING_BUILTINS = frozenset({"zip", "enumerate", "reversed", "list", "tuple", "iter", "sorted", "map", "filter"})
 # Calls among ALLOWED_FUNCTIONS that return metadata, not tensors (x.size(0) * 2 is shape math).
 METADATA_RESULTS = frozenset({"size", "stride", "dim", "ndimension", "numel", "nelement", "element_size",
                               "storage_offset", "is_contiguous", "data_ptr", "get_device", "untyped_storage",
@@ -279,6 +299,10 @@ _CMP_COMPUTE = (ast.Lt, ast.Gt, ast.LtE, ast.GtE, ast.Eq, ast.NotEq)
 
 def _dunder(name):
     return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
+def _is_none(node):
+    return isinstance(node, ast.Constant) and node.value is None
 
 
 def _walk_body(fn):
@@ -421,6 +445,8 @@ class _Source:
                 chains = set(import_aliases.get(name, ()))
                 all_ext = True
                 for v in vals:
+                    if _is_none(v):
+                        continue  # `_ext = None` placeholder of a lazily built extension
                     r = self.resolve(v) if v is not None else set()
                     chains |= r
                     all_ext &= _EXT in r
@@ -431,6 +457,8 @@ class _Source:
             for attr, vals in selfs.items():
                 chains, all_ext = set(), True
                 for v in vals:
+                    if _is_none(v):
+                        continue
                     r = self.resolve(v) if v is not None else set()
                     chains |= r
                     all_ext &= _EXT in r
@@ -440,6 +468,7 @@ class _Source:
                     self.self_attrs[attr] = chains
             for fname, fdefs in self.defs.items():
                 rets = [n for d in fdefs for n in ast.walk(d) if isinstance(n, ast.Return) and n.value is not None]
+                rets = [r for r in rets if not _is_none(r.value)]
                 if rets and all(_EXT in self.resolve(r.value) for r in rets):
                     self.factories.add(fname)
         for attr, vals in selfs.items():
@@ -542,7 +571,11 @@ class _Source:
             self.add(node, f"name {n} (interpreter internals)")
         elif n in MODE_NAMES:
             self.add(node, f"name {n} (torch-function / dispatch mode stack: switches the strict guard off)")
-        if (isinstance(node.ctx, ast.Load) and n in self.module_names
+        literal_attr_query = (isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name)
+                              and parent.func.id in ATTR_BUILTINS and parent.args and parent.args[0] is node
+                              and len(parent.args) >= 2 and isinstance(parent.args[1], ast.Constant)
+                              and isinstance(parent.args[1].value, str))
+        if (isinstance(node.ctx, ast.Load) and n in self.module_names and not literal_attr_query
                 and not (isinstance(parent, ast.Attribute) and parent.value is node)
                 and not (self._roots(self.aliases.get(n, ())) <= {"cuda_extension"})):
             self.add(node, f"module {n} used as a value (hands the whole module to code the rules cannot follow)")
@@ -680,6 +713,9 @@ class _Source:
     # --- strict compute rules -----------------------------------------------------------------
 
     def check_compute(self):
+        for node in ast.walk(self.tree):
+            if isinstance(node, (ast.Name, ast.Attribute)) and isinstance(node.ctx, ast.Load):
+                self._torch_function_as_value(node)
         todo = [d for d in self.defs.get("forward", [])]
         scanned = set()
         while todo:
@@ -692,6 +728,26 @@ class _Source:
                 ref = n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else None
                 if ref and ref != "__init__":
                     todo.extend(d for d in self.defs.get(ref, []) if id(d) not in scanned)
+
+    def _torch_function_as_value(self, node):
+        parent = self.parent.get(node)
+        if isinstance(parent, ast.Attribute) and parent.value is node:
+            return  # not outermost
+        if isinstance(parent, ast.Call) and parent.func is node:
+            return  # a call: judged by the call rules where it matters
+        if isinstance(node, ast.Name) and node.id in self.module_names:
+            return
+        for c in sorted(self.resolve(node)):
+            if not c.startswith("torch.") or c in KNOWN_MODULES or c in _LOADERS:
+                continue
+            if c.startswith(tuple(p + "." for p in FORWARD_TORCH_OK_NAMESPACES)) and \
+                    not c.startswith(tuple(p + "." for p in FORWARD_TORCH_DENY)):
+                continue
+            leaf = c.rsplit(".", 1)[1]
+            if leaf in TORCH_VALUE_NAMES or leaf in ALLOWED_FUNCTIONS or leaf[:1].isupper():
+                continue
+            self.add(node, f"torch function {c} taken as a value (calls through it cannot be judged: torch "
+                           "compute under strict)")
 
     def _scan_function(self, fn):
         tnames = set()
@@ -729,6 +785,14 @@ class _Source:
         for n in _walk_body(fn):
             if isinstance(n, ast.Call):
                 self._compute_call(n, tnames, where)
+            elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Load):
+                parent = self.parent.get(n)
+                if not (isinstance(parent, ast.Call) and parent.func is n) and not (
+                        isinstance(parent, ast.Attribute) and parent.value is n) and not self.resolve(n) \
+                        and n.attr not in ALLOWED_FUNCTIONS and n.attr not in TENSOR_VALUE_ATTRS \
+                        and n.attr not in PARAM_ATTRS and self._tensorish(n.value, tnames):
+                    self.add(n, f"tensor method .{n.attr} taken as a value {where} (calls through it cannot be "
+                                "judged)")
             elif isinstance(n, ast.BinOp):
                 if isinstance(n.op, ast.MatMult):
                     self.add(n, f"matrix multiply operator @ {where} (torch compute)")
@@ -762,7 +826,8 @@ class _Source:
                 if root in (_EXT, "cuda_extension", "math", "typing", "functools", "os"):
                     continue
                 if root == "torch":
-                    if c.startswith(tuple(p + "." for p in FORWARD_TORCH_OK_NAMESPACES)) or c in _LOADERS:
+                    if (c.startswith(tuple(p + "." for p in FORWARD_TORCH_OK_NAMESPACES)) or c in _LOADERS) and \
+                            not c.startswith(tuple(p + "." for p in FORWARD_TORCH_DENY)):
                         continue
                     leaf = c.rsplit(".", 1)[1]
                     if leaf in ALLOWED_FUNCTIONS or (c.count(".") == 1 and leaf in FORWARD_TORCH_EXTRA):
@@ -810,6 +875,8 @@ class _Source:
                 return True
             if any(c.startswith("torch.") and c.rsplit(".", 1)[1] in TENSOR_RESULTS for c in chains):
                 return True
+            if isinstance(e.func, ast.Name) and e.func.id in ITERATING_BUILTINS and not chains:
+                return any(self._tensorish(a, tnames) for a in e.args)
             if isinstance(e.func, ast.Attribute) and not chains:
                 m = e.func.attr
                 if m in TENSOR_RESULTS:
@@ -1187,7 +1254,7 @@ SYMBOL_RULES = [
         "c10::impl::TorchDispatchModeTLS*", "c10::impl::PythonDispatcherTLS*", "*PythonTorchFunctionTLS*",
         "at::impl::torch_function_mode*", "c10::impl::tls_set_dispatch_key*", "c10::impl::_force_tls_local_dispatch_key*",
         "c10::impl::ForceDispatchKeyGuard*", "c10::impl::IncludeDispatchKeyGuard*", "c10::impl::PyInterpreter*",
-        "c10::impl::GPUTrace*", "at::ThreadLocalState*", "at::impl::PythonOpRegistrationTrampoline*")),
+        "at::ThreadLocalState*", "at::impl::PythonOpRegistrationTrampoline*")),
     ("at::Context::set*", _C, "changes global numerics (TF32, deterministic...) for the reference too"),
     # --- operators by name: the dispatcher, TorchScript, op registration ---
     *((p, _F, "calls or registers operators by name (the dispatcher)") for p in (
@@ -1220,8 +1287,13 @@ SYMBOL_RULES = [
     # --- torch:: (libtorch / libtorch_python) ---
     *((p, None, "tensor plumbing") for p in ("torch::autograd::AutogradMeta*", "torch::autograd::make_variable",
                                              "torch::PyWarningHandler*", "torch::getTHP*", "torch::utils::getTHP*")),
+    # load_inline's generated bindings (with_pytorch_error_handling) turn C++ exceptions into Python ones.
+    ("torch::translate_exception_to_python*", None, "error plumbing of load_inline's bindings"),
     ("torch::*", _F, "torch function outside the allocation/metadata allow-list"),
     # --- c10 / caffe2: allocation, TensorImpl, Error, Device, Stream... (denied members above) ---
+    # c10/cuda's stream and event headers read the state of Python's CUDA trace hooks (seen in
+    # every honest CUDA extension on the H200); reading it switches nothing off.
+    ("c10::impl::GPUTrace::*", None, "read by c10/cuda's stream and event headers"),
     ("c10::*", None, "core types"),
     ("caffe2::*", None, "TypeMeta"),
     # --- third-party compute outside BLAS (cuBLAS/cuBLASLt/CPU BLAS/LAPACK) and cuDNN ---

@@ -7,16 +7,19 @@
 // their own place; fresh tmpfs at /tmp and /home; /work a tmpfs or the spec's `work` folder; a new
 // /proc and a minimal /dev (the NVIDIA devices added only with `gpu`); new user, pid, ipc, net,
 // uts and cgroup namespaces (no network at all, not even the host's loopback); uid/gid 65534
-// (nobody) inside; every capability dropped; no_new_privs (bwrap always sets it); a new session
-// (no TIOCSTI into a terminal); the environment exactly `env` plus PWD=cwd, which bwrap always
-// exports. Nothing else of the host (home, project tree, caches, workspaces) is visible.
+// (nobody) inside; no nested user namespaces (bwrap >= 0.8.0); every capability dropped;
+// no_new_privs (bwrap always sets it); a new session (no TIOCSTI into a terminal); the environment
+// exactly `env` plus PWD=cwd, which bwrap always exports. Nothing else of the host (home, project
+// tree, caches, workspaces) is visible. Mount points that bwrap makes in the `work` folder for
+// ro/rw paths under /work are removed after the run.
 //
 // Limits (run_sandbox): a fresh cgroup opforge-<pid>-<n> under the launcher's own, cgroup v2 when
 // its memory and pids controllers are delegated there, else v1 (memory + pids hierarchies); the
 // launched process joins it before bwrap runs, so bwrap and every descendant count. When neither
 // is writable the sandbox runs without limits and Limits says why.
 //
-// Thread safety: bwrap_argv, describe and the json conversions are pure and thread-safe.
+// Thread safety: bwrap_argv, describe and the json conversions are thread-safe (describe runs
+// `bwrap --version` once per process).
 // run_sandbox and probe_sandbox are for a process that runs one sandbox at a time and has no
 // other children (`opforge sandbox-exec`): they install signal handlers and reap every child.
 // Errors: malformed specs and launch failures (no bwrap, cannot fork) throw opforge::Error; what
@@ -63,11 +66,12 @@ struct Limits {
 };
 
 // bwrap's argv for running `command` (argv[0] is "bwrap"; the caller puts the real path there).
-// Reads the file system only to see which system folders exist and which /etc files to mask.
+// Reads the file system only to see which system folders exist and which /etc files to mask, and
+// asks bwrap its version (once) for the options it understands.
 std::vector<std::string> bwrap_argv(const SandboxSpec& spec, const std::vector<std::string>& command);
 
 // One line for report rows: "bwrap 0.8.0: ro-root, net none, pid/ipc/uts ns, uid nobody, caps
-// dropped, no_new_privs, env 4 vars; limits cgroup v1 memory=2048M pids=256".
+// dropped, no_new_privs, no nested userns, env 4 vars; limits cgroup v1 memory=2048M pids=256".
 std::string describe(const SandboxSpec& spec, const Limits& applied);
 
 // $OPFORGE_BWRAP, else `bwrap` looked up on PATH; empty when there is none.

@@ -1,0 +1,96 @@
+"""The table of bench/eval_gpu.sh: verdicts against expectations, sandbox, dispatch and cold start,
+the judge's clock against the profiler's kernel time, repeatability and throughput.
+    python3 bench/eval_gpu_report.py OUT_DIR FIXTURES_DIR      (exit 1 when an expectation fails)"""
+import datetime
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+
+def expected(fx):
+    """Reason each hack row must end with (docstring "expect `reason`"); KernelBench kernels: any -1."""
+    exp = {}
+    for f in glob.glob(os.path.join(fx, "hacks", "*", "*.py")):
+        m = re.search(r"expect[^`]*`([A-Za-z_]+)`", open(f).read())
+        exp[f"{os.path.basename(os.path.dirname(f))}__{os.path.basename(f)[:-3]}"] = m.group(1) if m else "?"
+    return exp
+
+
+def rows(out, run):
+    p = os.path.join(out, run, "report.json")
+    return json.load(open(p))["results"] if os.path.exists(p) else None
+
+
+def f3(v):
+    return f"{v:.3f}" if isinstance(v, (int, float)) else "-"
+
+
+def verdict(r, exp):
+    want = exp.get(r["task"])
+    if r["task"].startswith("kb_"):
+        return r["reward"] == -1, "-1 (any reason)"
+    if want is None:
+        return r["correct"] and r["reward"] >= 1, "correct"
+    return r["reward"] == -1 and (want == "?" or r["reason"] == want), want
+
+
+def table(out, run, exp):
+    bad = 0
+    for r in rows(out, run) or []:
+        ok, want = verdict(r, exp)
+        bad += not ok
+        prof = r.get("profile") or {}
+        print(f"{run:<8} {r['task'][:44]:<44} {str(r['reason'] or 'correct'):<22} {want:<18} "
+              f"{f3(r.get('candidate_ms')):>8} {f3(r.get('eager_ms')):>8} {f3(r.get('compile_ms')):>8} "
+              f"{f3(r.get('speedup_eager')):>7} {r['reward']:>3} {'PASS' if ok else 'FAIL':<5} "
+              f"{f3(r.get('dispatch_s')):>6} {f3(r.get('cold_start_s')):>6} {f3(prof.get('judge_over_kernels')):>6} "
+              f"{','.join(r['flags'])}")
+        if not ok:
+            print(f"{'':<9}detail: {r['detail'][:300]}")
+    return bad
+
+
+def phase_seconds(log):
+    """(build s, eval s) from the timestamps of the run's log lines."""
+    t = {}
+    for line in open(log):
+        m = re.match(r"\[(\d\d:\d\d:\d\d\.\d+)\] \[info\] (building|evaluating|timing|eval done)", line)
+        if m:
+            t.setdefault(m.group(2), datetime.datetime.strptime(m.group(1), "%H:%M:%S.%f"))
+    span = lambda a, b: (t[b] - t[a]).total_seconds() if a in t and b in t else None  # noqa: E731
+    return span("building", "evaluating"), span("evaluating", "eval done")
+
+
+def main(out, fx):
+    exp = expected(fx)
+    print(f"{'run':<8} {'task':<44} {'reason':<22} {'expected':<18} {'cand ms':>8} {'eager':>8} {'compile':>8} "
+          f"{'x eager':>7} {'rwd':>3} {'':<5} {'disp s':>6} {'cold s':>6} {'judge/kern':>6} flags")
+    bad = sum(table(out, run, exp) for run in ("all", "allowed"))
+    sandboxes = {r.get("sandbox") for run in ("all", "allowed") for r in rows(out, run) or []}
+    print("sandbox of the rows:", sandboxes)
+    meds = [r["candidate_ms"] for i in (1, 2, 3) for r in rows(out, f"repeat_{i}") or [] if r.get("candidate_ms")]
+    if len(meds) == 3:
+        spread = (max(meds) - min(meds)) / statistics.median(meds)
+        print(f"repeatability (elementwise_chain, 3 processes): {', '.join(f3(m) for m in meds)} ms, "
+              f"(max-min)/median {100 * spread:.2f}% vs 1%: {'PASS' if spread < 0.01 else 'FAIL'}")
+        bad += spread >= 0.01
+    tp = rows(out, "throughput")
+    if tp:
+        build_s, eval_s = phase_seconds(os.path.join(out, "throughput.log"))
+        ok = sum(r["correct"] for r in tp)
+        disp = sorted(r["dispatch_s"] for r in tp if isinstance(r.get("dispatch_s"), (int, float)))
+        cold = sorted(r["cold_start_s"] for r in tp if isinstance(r.get("cold_start_s"), (int, float)))
+        print(f"throughput: {len(tp)} solutions ({ok} correct), 8 distinct sources; build phase {f3(build_s)} s, "
+              f"evaluation phase {f3(eval_s)} s = {60 * len(tp) / eval_s:.1f} solutions/min evaluated"
+              if eval_s else "throughput: no phase timestamps")
+        if disp:
+            print(f"dispatch to ready (s): median {f3(disp[len(disp) // 2])}, max {f3(disp[-1])}; "
+                  f"cold start of a child (s): median {f3(cold[len(cold) // 2]) if cold else '-'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))
