@@ -2,11 +2,13 @@
 // CUDA Agent reward), hardened against reward hacking.
 //
 // Phases: tasks and solutions are matched (evaluator/README.md has the layouts); every solution
-// is built in parallel on the CPU cores (worker pool, --compile-timeout-s each, extensions cached
-// by source hash under the cache folder); then each built solution is checked and timed in a
-// worker (python/opforge/evaluate.py), with eager and torch.compile baselines cached in
-// <cache>/baselines.db per (task code hash, device name, torch version). Workers run sandboxed
-// (sandbox.h). Results are values with reasons (docs/reasons.md), never exceptions.
+// is built in parallel on the CPU cores (judge workers, each build in a sandboxed compiler child,
+// extensions cached by a hash of their build arguments); then each built solution is checked and
+// timed by a judge worker (python/opforge/judge.py) in a fresh sandboxed child of its own, with
+// eager and torch.compile baselines timed the same way and cached in <cache>/baselines.db by task
+// code and everything that changes them. The judge's processes never run solution code
+// (docs/architecture.md, "The judge"). Results are values with reasons (docs/reasons.md), never
+// exceptions.
 //
 // Writes into `out`: report.json, report.md, report.png (unless plots are off) and work/<key>/,
 // the copy of each solution's own files it ran from.

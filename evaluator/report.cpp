@@ -44,7 +44,7 @@ void timing_flags(const json& r, std::optional<double> se, json& flags) {
   auto ef = number(r.value("eager", json()), "fetch_median_ms");
   // An honest read-back costs what the reference's does (a copy and a round trip, noisy on a busy
   // host); one that also computes costs a whole call more.
-  if (cand && cf && ef && *cf > 2 * *ef + 1.0 && *cf > 0.5 * *cand) flags.push_back("slow_readback");
+  if (cand && cf && ef && *cf > 3 * *ef + 2.0 && *cf > *cand) flags.push_back("slow_readback");
   if (se && *se > 10) flags.push_back("excessive_speedup");
 }
 

@@ -23,37 +23,7 @@ class ForbiddenOp(RuntimeError):
     pass
 
 
-# aten overload packets (op.overloadpacket.__name__) the candidate may reach during forward.
-ALLOWED_ATEN = frozenset({
-    # allocation (fills included: accumulators start at zero)
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "new_zeros",
-    "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "zero_", "fill_", "scalar_tensor",
-    "lift_fresh", "resize_",
-    # views and metadata
-    "view", "_unsafe_view", "reshape", "as_strided", "t", "transpose", "permute", "expand", "squeeze", "unsqueeze",
-    "select", "slice", "narrow", "unbind", "split", "split_with_sizes", "chunk", "detach", "alias", "view_as_real",
-    "view_as_complex", "diagonal", "unfold", "flatten", "movedim", "_reshape_alias", "sym_size", "sym_stride",
-    "sym_numel", "sym_storage_offset", "is_contiguous", "_local_scalar_dense", "is_same_size", "is_nonzero",
-    "set_", "_has_compatible_shallow_copy_type", "record_stream",
-    # layout copies: `.contiguous()` and `.clone()` move bytes, they compute nothing
-    "clone", "copy_", "_copy_from", "_copy_from_and_resize", "contiguous",
-})
-
-# Python-level names (func.__name__) admitted by the function mode; the dispatch mode still
-# checks what they do underneath (x[idx] with a tensor index reaches aten.index: refused).
-ALLOWED_FUNCTIONS = frozenset({
-    "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
-    "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "zero_", "fill_", "tensor", "as_tensor",
-    "scalar_tensor",
-    "__get__", "size", "stride", "dim", "ndimension", "numel", "nelement", "element_size", "storage_offset",
-    "is_contiguous", "data_ptr", "get_device", "untyped_storage", "is_floating_point", "is_complex", "__len__",
-    "dtype", "device", "shape",
-    "view", "view_as", "reshape", "reshape_as", "as_strided", "t", "transpose", "permute", "expand", "expand_as",
-    "squeeze", "unsqueeze", "select", "narrow", "unbind", "split", "chunk", "detach", "flatten", "unflatten",
-    "movedim", "__getitem__", "__setitem__", "__iter__", "contiguous", "clone", "copy_", "item", "__index__",
-    "__int__", "__float__", "__bool__", "__hash__", "__repr__", "__format__", "__len__", "record_stream",
-    "is_nonzero", "set_",
-})
+from opforge.policy import ALLOWED_ATEN, ALLOWED_FUNCTIONS  # noqa: E402 - the policy as data, stated once
 
 
 def _name(func):

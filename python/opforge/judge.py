@@ -4,7 +4,7 @@
 It keeps the reference model, draws every input set itself, computes the expected outputs,
 compares, and times; each solution runs in a fresh child process (python/opforge/candidate.py),
 started for that one solution inside the sandbox the evaluator chose (`launch`, from
-evaluator/sandbox_launch.cpp) and killed afterwards with everything it started. The child gets
+evaluator/launch.cpp) and killed afterwards with everything it started. The child gets
 its files and prebuilt extensions over a socket, reads its inputs from shared memory the judge
 rewrites before every call, and hands back outputs only as bytes in shared memory
 (python/opforge/shm.py). docs/architecture.md ("The judge") has the threat model.
@@ -159,9 +159,10 @@ class Child:
 _SPARE = {}
 
 
-def take_child(launch, log, timeout_s):
+def take_child(launch, log, timeout_s, spare=True):
     """A fresh child for one solution: the spare when there is a live one, else a new one; then a
-    new spare starts for the next request."""
+    new spare starts for the next request (not on the CPU, where its start would share the cores
+    with the solution being timed)."""
     key = json.dumps(launch, sort_keys=True)
     child = _SPARE.pop(key, None)
     if child is not None and child.proc.poll() is not None:
@@ -170,7 +171,8 @@ def take_child(launch, log, timeout_s):
     if child is None:
         child = Child(launch, log, timeout_s=timeout_s, wait=False)
     child.timeout_s = timeout_s
-    _SPARE[key] = Child(launch, log, timeout_s=timeout_s, wait=False)
+    if spare:
+        _SPARE[key] = Child(launch, log, timeout_s=timeout_s, wait=False)
     return child
 
 
@@ -435,7 +437,7 @@ def _forbidden(evidence, strict):
     metadata (full names: an op of another namespace named like an allowed one is not allowed)."""
     if not strict:
         return []
-    from opforge.eval_guard import ALLOWED_ATEN
+    from opforge.policy import ALLOWED_ATEN
 
     bad = list(evidence.get("guard") or [])
     for name in evidence.get("ops") or []:
@@ -677,7 +679,7 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
         try:
             ref_mod, ref, sets, expected0 = _reference_and_sets(task_code, device, seed, max(2, correct_trials))
             t1 = time.perf_counter()
-            child = take_child(launch, log, timeout_s).ready()
+            child = take_child(launch, log, timeout_s, spare=device.startswith("cuda")).ready()
             result["cold_start_s"] = child.cold_start_s
             result["dispatch_parts"] = {"child_ready_s": time.perf_counter() - t1}
             entries, refs = _artifact_entries(artifacts)

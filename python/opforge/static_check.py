@@ -83,34 +83,8 @@ class StaticCheckError(Exception):
 # NFKC-normalised (a full-width `ｅｖａｌ` is `eval` here too).
 # =============================================================================================
 
-# Copied from python/opforge/eval_guard.py (ALLOWED_FUNCTIONS): the Python-level names the strict
-# guard admits in forward. Data, not an import: eval_guard imports torch.
-ALLOWED_FUNCTIONS = frozenset({
-    "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
-    "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "zero_", "fill_", "tensor", "as_tensor",
-    "scalar_tensor",
-    "__get__", "size", "stride", "dim", "ndimension", "numel", "nelement", "element_size", "storage_offset",
-    "is_contiguous", "data_ptr", "get_device", "untyped_storage", "is_floating_point", "is_complex", "__len__",
-    "dtype", "device", "shape",
-    "view", "view_as", "reshape", "reshape_as", "as_strided", "t", "transpose", "permute", "expand", "expand_as",
-    "squeeze", "unsqueeze", "select", "narrow", "unbind", "split", "chunk", "detach", "flatten", "unflatten",
-    "movedim", "__getitem__", "__setitem__", "__iter__", "contiguous", "clone", "copy_", "item", "__index__",
-    "__int__", "__float__", "__bool__", "__hash__", "__repr__", "__format__", "__len__", "record_stream",
-    "is_nonzero", "set_",
-})
-
-# Copied from eval_guard.py (ALLOWED_ATEN): aten overload packets a strict candidate may reach.
-ALLOWED_ATEN = frozenset({
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "zeros", "zeros_like", "new_zeros",
-    "ones", "ones_like", "new_ones", "full", "full_like", "new_full", "zero_", "fill_", "scalar_tensor",
-    "lift_fresh", "resize_",
-    "view", "_unsafe_view", "reshape", "as_strided", "t", "transpose", "permute", "expand", "squeeze", "unsqueeze",
-    "select", "slice", "narrow", "unbind", "split", "split_with_sizes", "chunk", "detach", "alias", "view_as_real",
-    "view_as_complex", "diagonal", "unfold", "flatten", "movedim", "_reshape_alias", "sym_size", "sym_stride",
-    "sym_numel", "sym_storage_offset", "is_contiguous", "_local_scalar_dense", "is_same_size", "is_nonzero",
-    "set_", "_has_compatible_shallow_copy_type", "record_stream",
-    "clone", "copy_", "_copy_from", "_copy_from_and_resize", "contiguous",
-})
+# The strict policy's allow-lists, shared with the guard (python/opforge/policy.py, no torch).
+from opforge.policy import ALLOWED_ATEN, ALLOWED_FUNCTIONS  # noqa: E402
 
 # Modules a solution may import, and for `from M import name` which names (None: any public name).
 # Everything else imported is a finding: numpy/ctypes/gc/sys/inspect/threading/subprocess/
@@ -395,6 +369,20 @@ class _Source:
 
     # --- collection ---------------------------------------------------------------------------
 
+    def _merged(self, vals, start):
+        """What a name may hold over all its assignments; it is the extension only if every
+        assignment is (a `_ext = None` placeholder of a lazily built extension does not count)."""
+        chains, all_ext = set(start), True
+        for v in vals:
+            if _is_none(v):
+                continue
+            r = self.resolve(v) if v is not None else set()
+            chains |= r
+            all_ext &= _EXT in r
+        if not all_ext:
+            chains.discard(_EXT)
+        return chains
+
     def collect(self):
         names = {}  # Name -> list of value nodes (None: bound by something we do not resolve)
         selfs = {}
@@ -442,28 +430,11 @@ class _Source:
         import_aliases = {k: set(v) for k, v in self.aliases.items()}
         for _ in range(4):  # fixed point: aliases of aliases, factories of factories
             for name, vals in names.items():
-                chains = set(import_aliases.get(name, ()))
-                all_ext = True
-                for v in vals:
-                    if _is_none(v):
-                        continue  # `_ext = None` placeholder of a lazily built extension
-                    r = self.resolve(v) if v is not None else set()
-                    chains |= r
-                    all_ext &= _EXT in r
-                if not all_ext:
-                    chains.discard(_EXT)
+                chains = self._merged(vals, import_aliases.get(name, ()))
                 if chains:
                     self.aliases[name] = chains
             for attr, vals in selfs.items():
-                chains, all_ext = set(), True
-                for v in vals:
-                    if _is_none(v):
-                        continue
-                    r = self.resolve(v) if v is not None else set()
-                    chains |= r
-                    all_ext &= _EXT in r
-                if not all_ext:
-                    chains.discard(_EXT)
+                chains = self._merged(vals, ())
                 if chains:
                     self.self_attrs[attr] = chains
             for fname, fdefs in self.defs.items():

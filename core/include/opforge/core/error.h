@@ -1,5 +1,5 @@
 // Errors that end a command. Expected failures (a task that crashes, a seed that does not run)
-// are values with reasons, never exceptions; see DESIGN.md "Conventions".
+// are values with reasons, never exceptions; see docs/architecture.md, "Conventions".
 #pragma once
 #include <fmt/format.h>
 

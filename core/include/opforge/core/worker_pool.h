@@ -27,7 +27,7 @@ struct WorkerPoolOptions {
   // Importing torch (and transformers) in a fresh worker; not counted against a request.
   double startup_timeout_s = 600;
   // Resident set size limit per worker, MiB; 0 means none. RSS, not RLIMIT_AS: a CUDA context
-  // reserves far more address space than memory (DESIGN.md).
+  // reserves far more address space than memory (docs/architecture.md, "Process model").
   std::size_t memory_limit_mb = 0;
   // Workers' stdout/stderr are appended here (with a worker prefix); empty: stderr of the pool.
   std::filesystem::path log_file;
