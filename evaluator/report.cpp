@@ -39,13 +39,17 @@ std::string tail(const std::string& s, std::size_t n) { return s.size() <= n ? s
 // Figures that a correct solution must also pass: outputs that appear only when read back, and
 // speed-ups too large to be believed, are flags (reward at most 1) for a person to look at.
 void timing_flags(const json& r, std::optional<double> se, json& flags) {
+  if (se && *se > 10) flags.push_back("excessive_speedup");
+  // Only on a GPU, where a read-back is one device copy: on a busy CPU an honest read-back's
+  // time varies by milliseconds (seen on the 2-core CI machine). A late output is caught on both
+  // by the sampled read-backs after the inputs are overwritten.
+  if (r.value("device_name", std::string("cpu")).rfind("cpu", 0) == 0) return;
   auto cand = number(r.value("candidate", json()), "median_ms");
   auto cf = number(r.value("candidate", json()), "fetch_median_ms");
   auto ef = number(r.value("eager", json()), "fetch_median_ms");
   // An honest read-back costs what the reference's does (a copy and a round trip, noisy on a busy
   // host); one that also computes costs a whole call more.
   if (cand && cf && ef && *cf > 3 * *ef + 2.0 && *cf > *cand) flags.push_back("slow_readback");
-  if (se && *se > 10) flags.push_back("excessive_speedup");
 }
 
 }  // namespace

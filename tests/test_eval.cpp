@@ -249,7 +249,8 @@ TEST(Eval, AdaptiveHacksAreStoppedOrFlaggedAndHonestSolutionsPassUnflagged) {
   // least ten varied honest ones, in one run: the honest ones must not pay for the judge's caution.
   test::TempDir dir;
   // A short per-call limit for the fixture that hangs, and a memory limit the hog must exceed.
-  auto fr = run_fixtures({"adaptive", "honest"}, dir, {"--timeout-s", "20", "--child-memory-mb", "2048"});
+  auto fr = run_fixtures({"adaptive", "honest"}, dir,
+                         {"--timeout-s", "15", "--child-memory-mb", "2048", "--correct-trials", "3"});
   long honest = 0;
   for (auto& [k, e] : fr.expect) honest += e.kind == "honest";
   ASSERT_GE(honest, 10);
