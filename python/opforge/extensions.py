@@ -67,3 +67,88 @@ def key(rec):
 
     blob = json.dumps({"rec": rec, "torch": torch.__version__, "abi": 1}, sort_keys=True).encode()
     return rec["name"] + "_" + hashlib.sha256(blob).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the calls off the source, when they are plain enough
+
+
+_BUILDERS = ("load", "load_inline")
+
+
+def _literals(tree):
+    """Module-level names assigned exactly once to a literal: {name: value}."""
+    import ast
+
+    seen, values = {}, {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name):
+                        seen[n.id] = seen.get(n.id, 0) + 1
+            if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                try:
+                    values[node.targets[0].id] = ast.literal_eval(node.value)
+                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                    pass
+    return {k: v for k, v in values.items() if seen.get(k) == 1}
+
+
+def _top_level_calls(tree):
+    """load/load_inline calls that are a module-level statement or the value of one; None when a
+    builder is referred to anywhere else (aliased, called in a function, looked up by name)."""
+    import ast
+
+    calls, ok_funcs = [], set()
+    for node in tree.body:
+        value = node.value if isinstance(node, (ast.Assign, ast.Expr)) else None
+        if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in _BUILDERS:
+            calls.append(value)
+            ok_funcs.add(id(value.func))
+    for n in ast.walk(tree):
+        named = (isinstance(n, ast.Name) and n.id in _BUILDERS) or (isinstance(n, ast.Attribute) and n.attr in _BUILDERS)
+        if (named and id(n) not in ok_funcs) or (isinstance(n, ast.Name) and n.id == "cpp_extension"):
+            return None
+    return calls
+
+
+def static_records(text, cwd="."):
+    """The records of a single-file solution's build calls read off its source, without running
+    it (the judge's own process may do this: only literals are evaluated). None unless every call
+    is a module-level `load`/`load_inline` imported from torch.utils.cpp_extension whose arguments
+    are literals or module-level names bound once to literals; then a sandboxed import finds them.
+    The evaluation child keys the calls it really makes the same way, so a solution whose source
+    says one thing and does another fails there, with compile_error."""
+    import ast
+
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+    imported = {a.asname or a.name for n in tree.body if isinstance(n, ast.ImportFrom)
+                and n.module == "torch.utils.cpp_extension" for a in n.names}
+    calls, lits = _top_level_calls(tree), _literals(tree)
+    if calls is None or any(c.func.id not in imported for c in calls):
+        return None
+    out = []
+    for c in calls:
+        try:
+            args = [_value(a, lits) for a in c.args]
+            kwargs = {k.arg: _value(k.value, lits) for k in c.keywords if k.arg is not None}
+            if any(k.arg is None for k in c.keywords):
+                return None  # **kwargs
+            out.append(record(c.func.id, args, kwargs, cwd))
+        except (LookupError, ValueError, TypeError, SyntaxError, RecordError, RecursionError):
+            return None
+    return out
+
+
+def _value(node, lits):
+    import ast
+
+    if isinstance(node, ast.Name):
+        return lits[node.id]
+    if isinstance(node, ast.Starred):
+        raise ValueError("starred argument")
+    return ast.literal_eval(node)
