@@ -436,7 +436,7 @@ json evaluate(const EvalOptions& o) {
   OPFORGE_CHECK(run.device != "cuda" || !run.gpu_ids.empty(),
                 "--device cuda, but no NVIDIA GPU is visible (no /dev/nvidia*, or CUDA_VISIBLE_DEVICES hides them)");
   run.seed = o.seed ? *o.seed : std::random_device{}() % 1000000007ULL;
-  run.launch = choose_launch(o, run.device, run.cache);
+  run.launch = choose_launch(o, run.device);
   run.build();
 
   int n = o.workers > 0 ? o.workers : (run.device == "cuda" ? static_cast<int>(run.gpu_ids.size()) : 1);

@@ -27,7 +27,7 @@ struct Launch {
 };
 // Probes bubblewrap once (`opforge sandbox-exec --probe`); without it the solutions run unsandboxed
 // with a flag, or, under opts.require_sandbox, the command fails saying what to install.
-Launch choose_launch(const EvalOptions& opts, const std::string& device, const std::filesystem::path& cache);
+Launch choose_launch(const EvalOptions& opts, const std::string& device);
 
 // ---- baseline_cache.cpp
 // Eager and torch.compile times per task code, keyed by everything that changes them.

@@ -76,8 +76,7 @@ json library_dirs() {
 
 }  // namespace
 
-Launch choose_launch(const EvalOptions& o, const std::string& device, const fs::path& cache) {
-  (void)cache;
+Launch choose_launch(const EvalOptions& o, const std::string& device) {
   Launch l;
   unsigned threads = std::max(1u, usable_cpus() / static_cast<unsigned>(std::max(1, o.workers)));
   fs::path venv = venv_dir();

@@ -50,6 +50,10 @@ def record(kind, args, kwargs, cwd="."):
     if kind == "load":
         srcs = rec.get("sources")
         srcs = [srcs] if isinstance(srcs, str) else list(srcs or [])
+        for p in srcs:
+            # Read by the judge itself when the calls come from the source: never outside the solution.
+            if os.path.isabs(p) or os.path.normpath(p).startswith(".."):
+                raise RecordError(f"load(): source {p} is outside the solution's folder")
         rec["sources"] = [{"path": os.path.basename(p), "text": _read(os.path.join(cwd, p))} for p in srcs]
     return rec
 

@@ -566,12 +566,14 @@ class _Timer:
         self.current, self.fetch_ms, self.sampled, self.wrong = None, [], 0, None
 
     def before(self, _i):
+        # The ready ping first: the child must not see the call's inputs before the clock starts,
+        # or it could compute them while answering an untimed request.
+        if self.sess.device.startswith("cuda"):
+            self.sess.child.must("ready", "preparing a timed call")
         self.current = _mix(self.sets, self.rng)
         self.sess.write(self.current)
         timing.flush_l2(self.sess.device)
         timing.sync(self.sess.device)
-        if self.sess.device.startswith("cuda"):
-            self.sess.child.must("ready", "preparing a timed call")
 
     def call(self):
         reply = self.sess.child.ask("run", "a timed call of ModelNew", mode="time")

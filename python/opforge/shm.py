@@ -10,7 +10,6 @@ arena's bounds. So whatever the child returns is bytes the judge reads itself: n
 subclass, overridden __eq__ or lazy object survives the crossing (docs/architecture.md, "The
 judge").
 """
-import array
 import json
 import mmap
 import os
@@ -234,10 +233,6 @@ def layout(tensors):
     return specs, off
 
 
-def spec_bytes(spec):
-    return _numel(spec["shape"]) * torch.empty((), dtype=DTYPES[spec["dtype"]]).element_size()
-
-
 # ---------------------------------------------------------------------------------------------
 # Values: plain JSON, tensors by reference to a spec list
 
@@ -291,6 +286,3 @@ def pack(values, device):
 def fd_list(*arenas):
     return [a.fd for a in arenas if a is not None]
 
-
-def int_array(fds):
-    return array.array("i", fds)
