@@ -1,4 +1,5 @@
 // The report: rows from the judge's figures, the CUDA Agent reward, the summary and the Markdown.
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -39,7 +40,10 @@ std::string tail(const std::string& s, std::size_t n) { return s.size() <= n ? s
 // Figures that a correct solution must also pass: outputs that appear only when read back, and
 // speed-ups too large to be believed, are flags (reward at most 1) for a person to look at.
 void timing_flags(const json& r, std::optional<double> se, json& flags) {
-  if (se && *se > 10) flags.push_back("excessive_speedup");
+  // Not on a degenerate task: there the right answer is a constant, which any solution may return
+  // at no cost, and the row already says the task cannot judge it.
+  bool degenerate = std::find(flags.begin(), flags.end(), "degenerate_task") != flags.end();
+  if (se && *se > 10 && !degenerate) flags.push_back("excessive_speedup");
   // Only on a GPU, where a read-back is one device copy: on a busy CPU an honest read-back's
   // time varies by milliseconds (seen on the 2-core CI machine). A late output is caught on both
   // by the sampled read-backs after the inputs are overwritten.

@@ -257,7 +257,7 @@ TEST(Eval, AdaptiveHacksAreStoppedOrFlaggedAndHonestSolutionsPassUnflagged) {
   expect_headers_met(fr);
   for (auto& [key, row] : fr.run.by_solution) {
     if (fr.expect[key].kind != "honest") EXPECT_LE(row["reward"].get<int>(), 1) << key << " earned more than 1";
-    EXPECT_EQ(row["judge"], "judge-2");
+    EXPECT_EQ(row["judge"], "judge-3");
   }
   // Nothing a solution started outlives its evaluation.
   auto [rc, ps] = test::shell("grep -l opforge-escape-marker /proc/[0-9]*/environ 2>/dev/null | wc -l");
@@ -289,7 +289,8 @@ TEST(Eval, TorchAllowedPolicyAdmitsWhatStrictRefuses) {
     EXPECT_TRUE(run.by_solution[h]["correct"].get<bool>()) << run.by_solution[h].dump(2);
     EXPECT_GE(run.by_solution[h]["reward"].get<int>(), 1);
   }
-  // A constant answer to a constant task is correct, but the report says the task cannot judge it.
+  // A constant answer to a constant task is correct, but the report says the task cannot judge it
+  // (and no excessive_speedup: a constant costs nothing, and the task already says it is useless).
   EXPECT_EQ(run.by_solution["constant_without_kernel"]["flags"], json::array({"degenerate_task"}));
   EXPECT_EQ(run.by_solution["functional_fallback"]["flags"], json::array());
   EXPECT_EQ(run.report["options"]["policy"], "torch-allowed");

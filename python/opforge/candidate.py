@@ -54,6 +54,8 @@ class State:
         self.out_views = None
         self.last = None
         self.calls = None
+        self.prof = None  # the CUDA profiler while the judge drives a profiling pass
+        self.watch, self.watch_calls = None, 0  # the observer over the timing phase (op_watch)
         self.keep = []  # arenas and tensors the solution's views depend on
 
 
@@ -270,15 +272,12 @@ def _forward(st):
 
 def _checked_forward(st):
     """One forward under the strict guard and the profiler (all threads, dispatcher level)."""
-    from torch.profiler import ProfilerActivity, _ExperimentalConfig, profile
-
     from opforge.eval_guard import NoGuard, StrictGuard
 
     guard = StrictGuard() if st.policy == "strict" else NoGuard()
     before = st.calls.count if st.calls else 0
     error = None
-    with profile(activities=[ProfilerActivity.CPU],
-                 experimental_config=_ExperimentalConfig(profile_all_threads=True)) as prof:
+    with _cpu_profiler() as prof:
         try:
             with torch.no_grad(), guard:
                 out = st.model(*st.args)
@@ -289,6 +288,31 @@ def _checked_forward(st):
     evidence = {"ops": ops, "guard": sorted(set(guard.violations)), "pending_ms": pending,
                 "extension_calls": (st.calls.count - before) if st.calls else None}
     return out, error, evidence
+
+
+def _cpu_profiler():
+    """The dispatcher-level observer (RecordFunction through the profiler): sees aten calls from
+    Python, from C++ extensions, from other threads and under disabled Python modes alike."""
+    from torch.profiler import ProfilerActivity, _ExperimentalConfig, profile
+
+    return profile(activities=[ProfilerActivity.CPU], experimental_config=_ExperimentalConfig(profile_all_threads=True))
+
+
+def op_watch(st, msg, fds):
+    """action "start": the observer on for the whole timing phase, so a timed call is watched
+    like a checked one (a solution that behaves only while checked is seen); "stop": the ops it
+    saw and how many extension calls were made meanwhile."""
+    if msg.get("action") == "start":
+        st.watch, st.watch_calls = _cpu_profiler(), st.calls.count if st.calls else 0
+        st.watch.start()
+        return {}
+    watch, st.watch = st.watch, None
+    if watch is None:
+        raise Refused("protocol_error", "watch stop without start")
+    watch.stop()
+    ops = sorted({e.name for e in watch.events() if "::" in e.name})
+    calls = (st.calls.count - st.watch_calls) if st.calls else None
+    return {"evidence": {"ops": ops, "guard": [], "extension_calls": calls}}
 
 
 def _pending_ms():
@@ -334,9 +358,10 @@ def op_run(st, msg, fds):
         st.last = out
         reply = {"evidence": evidence}
     else:
+        t0 = time.perf_counter()
         st.last = _forward(st)
         _sync()
-        reply = {}
+        reply = {"child_ms": (time.perf_counter() - t0) * 1e3}  # advisory: where the judge's time goes
     if msg.get("fetch"):
         reply.update(_publish(st, st.last))
     return reply
@@ -354,17 +379,21 @@ def _kernel_kind(name):
 
 
 def op_profile(st, msg, fds):
-    """A separate pass under the CUDA profiler: the kernels one call launches, by kind, and their
-    total time per call. Evidence for the judge, which keeps its own clock for the reward."""
+    """action "start": the CUDA profiler on, while the judge drives calls exactly as it times them
+    (fresh inputs, L2 flushed by the judge); "stop": the kernels those calls launched, by kind, and
+    their total time per call. Evidence for the judge, which keeps its own clock for the reward."""
     from torch.profiler import ProfilerActivity, profile
 
-    n = max(1, min(int(msg.get("calls", 5)), 50))
-    _forward(st)
+    if msg.get("action") == "start":
+        st.prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        st.prof.start()
+        return {}
+    prof, st.prof = st.prof, None
+    if prof is None:
+        raise Refused("protocol_error", "profile stop without start")
     _sync()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(n):
-            _forward(st)
-        _sync()
+    prof.stop()
+    n = max(1, int(msg.get("calls", 1)))
     by_kind, names = {}, {}
     for e in prof.events():
         if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
@@ -380,18 +409,17 @@ def op_fetch(st, msg, fds):
     return _publish(st, st.last)
 
 
-def op_ready(st, msg, fds):
-    """Right before a timed call: one tiny kernel, so the GPU has switched from the judge's
-    context to this one outside the timed region (a switch costs far more than a launch)."""
-    if torch.cuda.is_initialized():
-        st.tick = torch.ones(1, device=st.device) if getattr(st, "tick", None) is None else st.tick.add_(1)
-        torch.cuda.synchronize()
+def op_warm(st, msg, fds):
+    """The CUDA context, made when the judge says so: a pre-started child waits for the end of
+    the current solution's timing, since making a context is GPU work in the middle of it."""
+    if os.environ.get("OPFORGE_CHILD_DEVICE", "").startswith("cuda") and torch.cuda.is_available():
+        torch.empty(1, device="cuda")
     return {}
 
 
 OPS = {"load": op_load, "discover": op_discover, "compile": op_compile, "reference": op_reference,
        "init": op_init, "bind": op_bind, "run": op_run, "fetch": op_fetch, "profile": op_profile,
-       "ready": op_ready}
+       "warm": op_warm, "watch": op_watch}
 
 
 def _answer(st, msg, fds):
@@ -419,6 +447,9 @@ def _startup_s():
         return None
 
 
+SPIN_S = 0.005
+
+
 def main(fd):
     """Entry point of `opforge worker --candidate --protocol-fd N`: serve until the judge closes."""
     chan = shm.Channel.from_fd(int(fd))
@@ -429,12 +460,13 @@ def main(fd):
     import torch.utils.cpp_extension  # noqa: F401
 
     from opforge import eval_guard, task  # noqa: F401
-    if os.environ.get("OPFORGE_CHILD_DEVICE", "").startswith("cuda") and torch.cuda.is_available():
-        torch.empty(1, device="cuda")  # the CUDA context, made before the judge hands a solution over
+    # On the GPU the next request follows within microseconds during timing; polling a little
+    # before sleeping keeps the wake-up out of the timed calls (bench/crossing.py).
+    spin_s = SPIN_S if os.environ.get("OPFORGE_CHILD_DEVICE", "").startswith("cuda") else 0.0
     chan.send({"hello": True, "pid": os.getpid(), "torch": torch.__version__, "startup_s": _startup_s()})
     while True:
         try:
-            msg, fds = chan.recv()
+            msg, fds = chan.recv(spin_s=spin_s)
         except shm.WireError:
             return ""
         if msg.get("op") == "exit":

@@ -16,8 +16,8 @@ rewrites before every call, and hands back outputs only as bytes in shared memor
 2. eval_solution: a child loads the solution with those builds, gets the reference's weights,
    and runs on `correct_trials` fresh input sets (strict evidence from inside it: the guard and
    the profiler over all threads); then timing with the judge's clock (opforge.timing.time_calls),
-   every timed call on never-seen inputs (an elementwise mix of the input sets), a random sample
-   of timed calls read back after the inputs were overwritten, so output computed late is wrong.
+   every timed call on a fresh input set the judge draws itself, a random sample of timed calls
+   read back after the inputs were overwritten, so output computed late is wrong.
 3. eval_baselines: the task's own Model (eager, then torch.compile) in children of the same kind,
    timed with the same protocol, so the per-call overhead of the crossing is in both figures.
 """
@@ -68,6 +68,7 @@ class Child:
 
     def __init__(self, launch, log, work=None, timeout_s=600, wait=True):
         self.launch, self.timeout_s, self.seq = launch, timeout_s, 0
+        self.posted = []  # requests sent without waiting (post), answered before the next ask
         self.chan, theirs = shm.Channel.pair()
         fd = theirs.fileno()
         env = dict(os.environ)
@@ -96,9 +97,9 @@ class Child:
             self.pid = hello.get("pid")
         return self
 
-    def _recv(self, timeout, what):
+    def _recv(self, timeout, what, spin_s=0.0):
         try:
-            msg, fds = self.chan.recv(timeout)
+            msg, fds = self.chan.recv(timeout, spin_s)
         except shm.WireError as e:
             raise self._dead(e, what) from None
         for fd in fds:
@@ -120,8 +121,26 @@ class Child:
                                             "its memory limit, most likely")
         return Verdict("candidate_crash", f"the solution's process ended (status {code}) while {what}")
 
-    def ask(self, op, what, fds=(), timeout=None, **fields):
-        """Sends one request and returns the reply; a failure of the child is a Verdict."""
+    def post(self, op, what, **fields):
+        """Sends a request whose answer is collected (and checked) before the next ask."""
+        self.seq += 1
+        try:
+            self.chan.send({"op": op, "seq": self.seq, **fields})
+        except shm.WireError as e:
+            raise self._dead(e, what) from None
+        self.posted.append((self.seq, what))
+
+    def _collect(self):
+        while self.posted:
+            seq, what = self.posted.pop(0)
+            reply = self._recv(self.timeout_s, what)
+            if reply.get("seq") != seq or not reply.get("ok"):
+                raise Verdict(reply.get("reason") or "protocol_error", f"while {what}: {str(reply)[:500]}")
+
+    def ask(self, op, what, fds=(), timeout=None, spin_s=0.0, **fields):
+        """Sends one request and returns the reply; a failure of the child is a Verdict. spin_s:
+        wait for the answer without sleeping for up to that long (timed calls on the GPU)."""
+        self._collect()
         if self.chan.pending():
             raise Verdict("protocol_error", f"before {what}: the solution's process sent a message nobody asked for")
         self.seq += 1
@@ -129,13 +148,13 @@ class Child:
             self.chan.send({"op": op, "seq": self.seq, **fields}, fds)
         except shm.WireError as e:
             raise self._dead(e, what) from None
-        reply = self._recv(timeout or self.timeout_s, what)
+        reply = self._recv(timeout or self.timeout_s, what, spin_s)
         if reply.get("seq") != self.seq:
             raise Verdict("protocol_error", f"while {what}: an answer to a request nobody made")
         return reply
 
-    def must(self, op, what, fds=(), **fields):
-        reply = self.ask(op, what, fds, **fields)
+    def must(self, op, what, fds=(), spin_s=0.0, **fields):
+        reply = self.ask(op, what, fds, spin_s=spin_s, **fields)
         if not reply.get("ok"):
             tb = reply.get("traceback")
             raise Verdict(reply.get("reason") or "runtime_error",
@@ -397,11 +416,13 @@ class Session:
             if arena is not None:
                 arena.close()
 
-    def write(self, values):
-        """The judge's inputs into the shared arena; on CUDA the copy is finished before the call."""
+    def write(self, values, sync=True):
+        """The judge's inputs into the shared arena; on CUDA the copy is finished before the call
+        (unless the caller synchronises later itself)."""
         for v, t in zip(self.in_views, [x for x in values if isinstance(x, torch.Tensor)]):
             v.copy_(t)
-        timing.sync(self.device)
+        if sync:
+            timing.sync(self.device)
 
     def poison(self):
         for v in self.out_views:
@@ -540,52 +561,81 @@ def _check_all(sess, ref, sets, strict, atol, rtol, flags):
 # Timing
 
 
-def _mix(sets, rng):
-    """A never-seen input set: floating tensors mixed elementwise from two of the judge's sets
-    (each element keeps its distribution), other values from one of them."""
-    a, b = rng.sample(range(len(sets)), 2) if len(sets) > 1 else (0, 0)
-    out = []
-    for xa, xb in zip(sets[a], sets[b]):
-        if isinstance(xa, torch.Tensor) and (xa.is_floating_point() or xa.is_complex()) and xa.numel():
-            g = torch.Generator(device=xa.device)
-            g.manual_seed(rng.getrandbits(62))
-            out.append(torch.where(torch.rand(xa.shape, generator=g, device=xa.device) < 0.5, xa, xb))
-        else:
-            out.append(xa)
-    return out
+SPIN_S = 0.05  # how long the judge polls for a timed call's answer before sleeping (GPU only)
+
+
+def _spin(device, ms=0.0):
+    return SPIN_S + ms / 1e3 if str(device).startswith("cuda") else 0.0
+
+
+def _drawer(ref_mod, device, first):
+    """Fresh input sets for timed calls, drawn by the judge from get_inputs() with seeds of its
+    own (never derived from the checked sets, so no output the child saw can be reassembled into
+    a timed one); non-tensor values are the first set's, as the child bound them."""
+    want = [(tuple(x.shape), x.dtype) for x in first if isinstance(x, torch.Tensor)]
+
+    def draw(seed):
+        try:
+            values = _draw(ref_mod, device, seed)
+        except T.TaskError as e:
+            raise Verdict("task_error", f"the reference task failed to draw inputs: {e}") from None
+        if [(tuple(x.shape), x.dtype) for x in values if isinstance(x, torch.Tensor)] != want:
+            raise Verdict("task_error", "get_inputs() returns tensors of other shapes from one call to the next")
+        return [x if isinstance(x, torch.Tensor) else y for x, y in zip(values, first)]
+
+    return draw
 
 
 class _Timer:
-    """The judge's side of time_calls: fresh inputs before each call, and for a random sample of
-    calls the output read back after the inputs were overwritten and poisoned, so an output the
-    child computes only when asked (or from inputs it kept) is wrong."""
+    """The judge's side of time_calls. Before each call a fresh input set (_drawer) is written and
+    the L2 flushed; for a random sample of calls the output is read back after the inputs were
+    overwritten and poisoned, so an output the child computes only when asked (or from inputs it
+    kept) is wrong. Nothing is asked of the child between the writes and the clock's start: it
+    cannot compute a call's inputs untimed (docs/architecture.md, "The judge")."""
 
-    def __init__(self, sess, ref, sets, atol, rtol, seed):
-        self.sess, self.ref, self.sets, self.atol, self.rtol = sess, ref, sets, atol, rtol
+    def __init__(self, sess, ref, draw, atol, rtol, seed, strict=False):
+        self.sess, self.ref, self.draw, self.atol, self.rtol = sess, ref, draw, atol, rtol
+        self.strict, self.runs, self.child_ms = strict, 0, []
         self.rng = random.Random(seed)
         self.current, self.fetch_ms, self.sampled, self.wrong = None, [], 0, None
 
+    def _fresh(self):
+        return self.draw(self.rng.getrandbits(62))
+
+    def _watched(self):
+        """Under strict, timed calls are held to the policy as checked ones are: what the observer
+        saw over the whole timing phase."""
+        ev = _evidence(self.sess.child.must("watch", "reading the observer of timed calls", action="stop"))
+        bad = _forbidden(ev, True)
+        if bad:
+            raise Verdict("forbidden_op", f"during timed calls: {', '.join(bad[:6])} ran; under --policy strict "
+                                          "ModelNew may only allocate, take views and call its own extension")
+        calls = ev.get("extension_calls")
+        if calls is not None and calls < self.runs:
+            raise Verdict("no_kernel", f"{self.runs} timed calls made only {calls} calls of the solution's extension: "
+                                       "the timed output did not come from its kernels")
+
     def before(self, _i):
-        # The ready ping first: the child must not see the call's inputs before the clock starts,
-        # or it could compute them while answering an untimed request.
-        if self.sess.device.startswith("cuda"):
-            self.sess.child.must("ready", "preparing a timed call")
-        self.current = _mix(self.sets, self.rng)
-        self.sess.write(self.current)
-        timing.flush_l2(self.sess.device)
-        timing.sync(self.sess.device)
+        values, dev = self._fresh(), self.sess.device
+        self.current = values
+        self.sess.write(values, sync=False)
+        timing.flush_l2(dev)
+        timing.sync(dev)
 
     def call(self):
-        reply = self.sess.child.ask("run", "a timed call of ModelNew", mode="time")
+        self.runs += 1
+        reply = self.sess.child.ask("run", "a timed call of ModelNew", mode="time", spin_s=_spin(self.sess.device))
         if not reply.get("ok") or "error" in reply:
             raise Verdict(reply.get("reason") or "runtime_error",
                           f"while timing ModelNew: {reply.get('error') or reply.get('detail')}")
+        if isinstance(reply.get("child_ms"), (int, float)):
+            self.child_ms.append(float(reply["child_ms"]))  # the child's own figure: evidence only
 
     def after(self, i, force=False):
         if not force and (i < 0 or self.rng.random() >= SAMPLE_RATE):
             return
         used = self.current
-        self.sess.write(_mix(self.sets, self.rng))
+        self.sess.write(self._fresh())
         self.sess.poison()
         t0 = time.perf_counter()
         self.sess.child.must("fetch", "reading back a timed call's output")
@@ -596,25 +646,38 @@ class _Timer:
             self.wrong = err
 
     def run(self, trials, budget_s, lock):
+        if self.strict:
+            self.sess.child.must("watch", "starting the observer of timed calls", action="start")
         stats = timing.time_calls(self.call, self.sess.device, trials=trials, budget_s=budget_s, lock_path=lock,
                                   before=self.before, after=self.after)
-        self.before(0)  # and always one more, read back
+        self.before(-1)  # and always one more, read back
         self.call()
         self.after(0, force=True)
         if self.wrong is not None:
             raise Verdict("incorrect", f"a timed call's output, read back after its inputs were overwritten, is off by "
                                        f"{self.wrong:.4g}: the output was not finished when the call returned")
-        f = sorted(self.fetch_ms)
-        stats.update({"sampled_calls": self.sampled, "fetch_median_ms": f[len(f) // 2] if f else None,
-                      "clock": "judge wall clock"})
+        if self.strict:
+            self._watched()
+        stats.update({"sampled_calls": self.sampled, "fetch_median_ms": _median(self.fetch_ms),
+                      "clock": "judge wall clock", "child_median_ms": _median(self.child_ms)})
         return stats
 
 
-def _profile(sess, result, strict, lock):
-    """The child's profile of a few calls (evidence): the share of GPU time in its own kernels, in
-    the allowed libraries and in torch's; under strict, a torch compute kernel is a fallback."""
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if xs else None
+
+
+def _profile(sess, timer, result, strict, lock, calls=5):
+    """A separate pass under the child's CUDA profiler, the calls prepared exactly as timed ones:
+    the share of GPU time in the solution's own kernels, in the allowed libraries and in torch's
+    (evidence); under strict, a torch compute kernel is a fallback."""
     with timing.exclusive(lock):
-        reply = sess.child.ask("profile", "profiling ModelNew", calls=5)
+        sess.child.must("profile", "starting the profiler", action="start")
+        for _ in range(calls):
+            timer.before(-1)
+            timer.call()
+        reply = sess.child.ask("profile", "profiling ModelNew", action="stop", calls=calls)
     if not reply.get("ok"):
         result["flags"].append("no_profile")
         return
@@ -691,10 +754,7 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
     with open(log_path or os.devnull, "ab") as log:
         try:
             ref_mod, ref, sets, expected0 = _reference_and_sets(task_code, device, seed, max(2, correct_trials))
-            t1 = time.perf_counter()
-            child = take_child(launch, log, timeout_s, spare=device.startswith("cuda")).ready()
-            result["cold_start_s"] = child.cold_start_s
-            result["dispatch_parts"] = {"child_ready_s": time.perf_counter() - t1}
+            child, t1 = _start(launch, log, timeout_s, device, result)
             entries, refs = _artifact_entries(artifacts)
             _ship(child, "load", "importing the solution", _solution_files(solution_dir) + entries, entry=entry,
                   layout=layout, artifacts=refs, device=device, policy=policy)
@@ -705,9 +765,10 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
             with timing.shared(timing.check_lock(timing_lock, device)):
                 result["max_error"] = _check_all(sess, ref, sets[:correct_trials], policy == "strict", atol, rtol,
                                                  result["flags"])
-            result["candidate"] = _Timer(sess, ref, sets, atol, rtol, seed).run(trials, budget_s, timing_lock)
+            timer = _Timer(sess, ref, _drawer(ref_mod, device, sets[0]), atol, rtol, seed, strict=policy == "strict")
+            result["candidate"] = timer.run(trials, budget_s, timing_lock)
             if device.startswith("cuda"):
-                _profile(sess, result, policy == "strict", timing_lock)
+                _profile(sess, timer, result, policy == "strict", timing_lock)
             result["correct"] = True
         except Verdict as v:
             result["reason"], result["detail"] = v.reason, str(v)
@@ -719,7 +780,30 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
             if child is not None:
                 child.close()
             _release()
+            _warm_spare(launch)
     return result
+
+
+def _start(launch, log, timeout_s, device, result):
+    """The solution's child: taken (the spare on CUDA) and its CUDA context made. Returns (child,
+    the clock start of the dispatch figures)."""
+    t1 = time.perf_counter()
+    child = take_child(launch, log, timeout_s, spare=device.startswith("cuda")).ready()
+    if device.startswith("cuda"):
+        child.must("warm", "making the CUDA context")
+    result["cold_start_s"] = child.cold_start_s
+    result["dispatch_parts"] = {"child_ready_s": time.perf_counter() - t1}
+    return child, t1
+
+
+def _warm_spare(launch):
+    """Once a solution's timing is over, the spare child may make its CUDA context."""
+    spare = _SPARE.get(json.dumps(launch, sort_keys=True))
+    if spare is not None and not spare.posted and spare.proc.poll() is None:
+        try:
+            spare.post("warm", "making the CUDA context")
+        except Verdict:
+            pass  # a broken spare is found and replaced when it is taken
 
 
 def _with_inductor_cache(launch, cache_dir):
@@ -745,7 +829,7 @@ def _baseline(task_code, ref_mod, ref, sets, expected0, compile_, launch, log, d
         with timing.shared(timing.check_lock(lock, device)):
             # Warms up (and for torch.compile compiles) beside other checks, not in a timed region.
             _check_set(sess, ref, sets[0], "the first input set", False, 1e-2, 1e-2)
-        return _Timer(sess, ref, sets, 1e-2, 1e-2, seed).run(trials, budget_s, lock)
+        return _Timer(sess, ref, _drawer(ref_mod, device, sets[0]), 1e-2, 1e-2, seed).run(trials, budget_s, lock)
     finally:
         if sess is not None:
             sess.close()

@@ -14,6 +14,7 @@ import json
 import mmap
 import os
 import socket
+import time
 
 import torch
 
@@ -76,17 +77,38 @@ class Channel:
         except OSError as e:
             raise WireError("peer_gone", f"cannot send to the peer: {e}") from None
 
-    def recv(self, timeout=None):
-        """(message dict, [fds]). Raises WireError on timeout, EOF or garbage."""
-        self.sock.settimeout(timeout)
-        try:
-            data, fds, flags, _ = socket.recv_fds(self.sock, MAX_MESSAGE + 1, 16)
-        except socket.timeout:
-            raise WireError("timeout", f"no answer within {timeout:.1f} s") from None
-        except OSError as e:
-            raise WireError("peer_gone", f"the peer's socket failed: {e}") from None
-        finally:
-            self.sock.settimeout(None)
+    def recv(self, timeout=None, spin_s=0.0):
+        """(message dict, [fds]). Raises WireError on timeout, EOF or garbage.
+
+        spin_s > 0 polls without sleeping for up to that long before blocking: waking a process
+        that sleeps in recv costs tens of microseconds, which a timed GPU call would carry twice."""
+        got = self._spin(spin_s) if spin_s > 0 else None
+        if got is None:
+            left = None if timeout is None else max(timeout - spin_s, 0.001)
+            self.sock.settimeout(left)
+            try:
+                got = socket.recv_fds(self.sock, MAX_MESSAGE + 1, 16)
+            except socket.timeout:
+                raise WireError("timeout", f"no answer within {timeout:.1f} s") from None
+            except OSError as e:
+                raise WireError("peer_gone", f"the peer's socket failed: {e}") from None
+            finally:
+                self.sock.settimeout(None)
+        return self._parse(*got[:3])
+
+    def _spin(self, spin_s):
+        end = time.perf_counter() + spin_s
+        while True:
+            try:
+                return socket.recv_fds(self.sock, MAX_MESSAGE + 1, 16, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                if time.perf_counter() > end:
+                    return None
+            except OSError as e:
+                raise WireError("peer_gone", f"the peer's socket failed: {e}") from None
+
+    @staticmethod
+    def _parse(data, fds, flags):
         if not data:
             for fd in fds:
                 os.close(fd)
@@ -103,15 +125,12 @@ class Channel:
 
     def pending(self):
         """True when the peer sent something not asked for (checked before each request)."""
-        self.sock.setblocking(False)
         try:
-            return bool(self.sock.recv(1, socket.MSG_PEEK))
+            return bool(self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
         except (BlockingIOError, InterruptedError):
             return False
         except OSError:
             return True
-        finally:
-            self.sock.setblocking(True)
 
     def close(self):
         self.sock.close()
