@@ -183,6 +183,38 @@ std::vector<std::string> op_tokens(const json& ops, const json& table) {
   return out;
 }
 
+KernelBenchOps::KernelBenchOps(const json& table) {
+  // Held in locals: a range-for over items() of a temporary would outlive the temporary.
+  const json level2 = table.value("level2", json::object()), level1 = table.value("level1", json::object());
+  for (auto& [name, seq] : level2.items()) level2_.emplace_back(name, seq.get<std::vector<std::string>>());
+  for (auto& [name, token] : level1.items())
+    if (token.is_string()) level1_.emplace(token.get<std::string>(), name);  // the first name of each op
+}
+
+namespace {
+
+// Whether `needle` occurs in `hay` in order, other tokens allowed in between.
+bool ordered_subsequence(const std::vector<std::string>& needle, const std::vector<std::string>& hay) {
+  std::size_t k = 0;
+  for (const auto& t : hay)
+    if (k < needle.size() && t == needle[k]) ++k;
+  return k == needle.size();
+}
+
+}  // namespace
+
+std::optional<std::pair<std::string, std::string>> KernelBenchOps::match(const std::vector<std::string>& seq) const {
+  if (seq.size() == 1)
+    if (auto it = level1_.find(seq[0]); it != level1_.end()) return std::pair{"kernelbench_level1", it->second};
+  // The shortest level-2 sequence wins a tie of several, then the first name: stable across runs.
+  const std::pair<std::string, std::vector<std::string>>* best = nullptr;
+  for (const auto& p : level2_)
+    if (!p.second.empty() && ordered_subsequence(p.second, seq) && (!best || p.second.size() < best->second.size()))
+      best = &p;
+  if (best) return std::pair{"kernelbench_ops", best->first};
+  return std::nullopt;
+}
+
 DedupSummary dedup(Workspace& ws, const DedupOptions& opts) {
   auto t0 = std::chrono::steady_clock::now();
   Db& db = ws.db();
@@ -273,12 +305,9 @@ DedupSummary dedup(Workspace& ws, const DedupOptions& opts) {
     rindex->search(static_cast<idx_t>(n), tx.data(), 1, rd.data(), rl.data());
   }
 
-  // KernelBench level-2 sequences, by their token lists.
-  std::map<std::vector<std::string>, std::string> kb;
   // Without the table, op sequences are still recorded, spelled as lower-cased op names.
   const json vocab = table.is_null() ? json{{"op_prefixes", json::array()}, {"op_tokens", json::object()}} : table;
-  if (opts.kernelbench_names)
-    for (auto& [name, seq] : table["level2"].items()) kb.emplace(seq.get<std::vector<std::string>>(), name);
+  const KernelBenchOps kb = opts.kernelbench_names ? KernelBenchOps(table) : KernelBenchOps();
 
   struct Row {
     bool kept = true;
@@ -308,10 +337,10 @@ DedupSummary dedup(Workspace& ws, const DedupOptions& opts) {
       r.task_sim = 1.0;
       continue;
     }
-    if (auto it = kb.find(r.seq); opts.kernelbench_names && !r.seq.empty() && it != kb.end()) {
+    if (auto hit = kb.match(r.seq)) {
       r.kept = false;
-      r.reason = "kernelbench_ops";
-      r.kb_problem = it->second;
+      r.reason = hit->first;
+      r.kb_problem = hit->second;
       continue;
     }
     if (!refs.empty() && rd[i] >= opts.threshold - kSlack) {

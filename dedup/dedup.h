@@ -12,7 +12,9 @@
 
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "opforge/core/store.h"
@@ -46,6 +48,21 @@ DedupSummary dedup(Workspace& ws, const DedupOptions& opts);
 // (so frequent node types do not drown the rest); the AST and the op tokens are normalised
 // apart and mixed by ops_weight, then the vector is L2-normalised. Exposed for tests.
 std::vector<float> hashed_vector(const nlohmann::json& tokens, int dims, double ops_weight);
+// KernelBench's problems as op tokens (data/kernelbench_ops.json): a task is KernelBench's when it
+// is a single op that is a level-1 problem ("kernelbench_level1"), or when a level-2 problem's
+// sequence occurs in its op sequence in order, other ops allowed in between ("kernelbench_ops").
+class KernelBenchOps {
+ public:
+  KernelBenchOps() = default;
+  explicit KernelBenchOps(const nlohmann::json& table);
+  // (reason, problem name) of the first rule the sequence meets, or nothing.
+  std::optional<std::pair<std::string, std::string>> match(const std::vector<std::string>& seq) const;
+
+ private:
+  std::vector<std::pair<std::string, std::vector<std::string>>> level2_;  // in name order
+  std::map<std::string, std::string> level1_;                             // token -> first problem name
+};
+
 // A traced op sequence in KernelBench's vocabulary (table: data/kernelbench_ops.json);
 // layout-only ops are left out.
 std::vector<std::string> op_tokens(const nlohmann::json& ops, const nlohmann::json& table);

@@ -96,14 +96,14 @@ TEST(Dedup, PlantedDuplicatesAndKernelBenchLookalikesAreDropped) {
   auto ws = dir / "ws";
   std::string import_log = accepted_workspace(ws);
   // The comments-and-whitespace copy has the same task id as its original: import already merges it.
-  EXPECT_NE(import_log.find("imported 8 candidates (1 already present)"), std::string::npos) << import_log;
+  EXPECT_NE(import_log.find("imported 11 candidates (1 already present)"), std::string::npos) << import_log;
 
   auto r = test::run_opforge({"dedup", "--workspace", ws.string(), "--reference",
                               (test::fixtures() / "dedup" / "reference").string()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::cerr << r.err;
   auto res = results(ws);
-  ASSERT_EQ(res.size(), 8u);
+  ASSERT_EQ(res.size(), 11u);
 
   expect_pair(res, "linear_tanh", "linear_tanh_renamed", "exact_duplicate");
   expect_pair(res, "layernorm_gelu", "layernorm_gelu_reordered", "near_duplicate");
@@ -112,7 +112,7 @@ TEST(Dedup, PlantedDuplicatesAndKernelBenchLookalikesAreDropped) {
   // Node-type n-grams do not see which module an import names: the vectors are equal, the
   // normal forms are not (the order of the imports differs).
 
-  for (auto* distinct : {"softmax_sum", "bmm_scale_sigmoid"}) {
+  for (auto* distinct : {"softmax_sum", "bmm_scale_sigmoid", "cummax_single"}) {
     EXPECT_TRUE(res.at(distinct).kept) << distinct << ": " << res.at(distinct).reason;
     EXPECT_LT(res.at(distinct).ref_sim, 0.95) << distinct;
     EXPECT_LT(res.at(distinct).task_sim, 0.98) << distinct;
@@ -122,6 +122,13 @@ TEST(Dedup, PlantedDuplicatesAndKernelBenchLookalikesAreDropped) {
   EXPECT_FALSE(kb.kept);
   EXPECT_EQ(kb.reason, "kernelbench_ops");
   EXPECT_EQ(kb.kb_problem, "1_Conv2D_ReLU_BiasAdd");
+  // A level-2 chain with an op slipped in, and one op that is a level-1 problem, go too.
+  const Result& added = res.at("conv_relu_scale_bias");
+  EXPECT_EQ(added.reason, "kernelbench_ops");
+  EXPECT_EQ(added.kb_problem, "1_Conv2D_ReLU_BiasAdd");
+  const Result& single = res.at("hardtanh_single");
+  EXPECT_EQ(single.reason, "kernelbench_level1");
+  EXPECT_EQ(single.kb_problem, "32_HardTanh");
 
   const Result& copy = res.at("deconv_softplus_clamp");
   EXPECT_FALSE(copy.kept);
@@ -130,14 +137,14 @@ TEST(Dedup, PlantedDuplicatesAndKernelBenchLookalikesAreDropped) {
   EXPECT_GE(copy.ref_sim, 0.95);
 
   json st = json::parse(test::run_opforge({"status", "--workspace", ws.string(), "--json"}).out)["dedup"];
-  EXPECT_EQ(st["kept"], 4);
-  EXPECT_EQ(st["dropped"], 4);
+  EXPECT_EQ(st["kept"], 5);
+  EXPECT_EQ(st["dropped"], 6);
   EXPECT_EQ(st["pending"], 0);
-  EXPECT_EQ(st["reasons"], json({{"exact_duplicate", 1}, {"near_duplicate", 1}, {"kernelbench_ops", 1},
-                                 {"kernelbench_similar", 1}}));
+  EXPECT_EQ(st["reasons"], json({{"exact_duplicate", 1}, {"near_duplicate", 1}, {"kernelbench_ops", 2},
+                                 {"kernelbench_level1", 1}, {"kernelbench_similar", 1}}));
   long binned = 0;
   for (auto& b : st["ref_similarity_histogram"]) binned += b["kept"].get<long>();
-  EXPECT_EQ(binned, 4);
+  EXPECT_EQ(binned, 5);
   EXPECT_NE(test::run_opforge({"status", "--workspace", ws.string()}).out.find("dropped kernelbench_ops"),
             std::string::npos);
 
@@ -168,8 +175,9 @@ TEST(Dedup, WithoutReferencesAndNamesOnlyDuplicatesGo) {
     kept += x.kept;
     EXPECT_TRUE(std::isnan(x.ref_sim)) << name;
   }
-  EXPECT_EQ(kept, 6);
+  EXPECT_EQ(kept, 9);
   EXPECT_TRUE(res.at("conv_relu_bias").kept);
+  EXPECT_TRUE(res.at("hardtanh_single").kept);
   EXPECT_TRUE(res.at("deconv_softplus_clamp").kept);
 }
 
@@ -189,6 +197,20 @@ TEST(Dedup, OpSequencesMapOntoKernelBenchWordsAndVectorsAreUnit) {
   EXPECT_EQ(table["level2"]["12_Gemm_Multiply_LeakyReLU"], json::array({"gemm", "multiply", "leakyrelu"}));
   EXPECT_EQ(dedup::op_tokens(json::array({"torch.cummax"}), table), std::vector<std::string>({"cummax"}))
       << "an op the table does not know stays itself";
+  EXPECT_EQ(table["level1"]["50_conv_standard_2D__square_input__square_kernel"], "conv2d");
+  EXPECT_EQ(table["level1"]["47_Sum_reduction_over_a_dimension"], "sum");
+  for (auto& [name, token] : table["level1"].items()) EXPECT_TRUE(token.is_string()) << name << " has no op";
+
+  dedup::KernelBenchOps kb(table);
+  using V = std::vector<std::string>;
+  auto hit = kb.match(V{"gemm", "add", "multiply", "relu", "leakyrelu"});  // level-2 12 with ops between
+  ASSERT_TRUE(hit);
+  EXPECT_EQ(*hit, std::make_pair(std::string("kernelbench_ops"), std::string("12_Gemm_Multiply_LeakyReLU")));
+  EXPECT_FALSE(kb.match(V{"leakyrelu", "multiply", "gemm"})) << "the order counts";
+  EXPECT_EQ(kb.match(V{"softsign"})->first, "kernelbench_level1");
+  EXPECT_FALSE(kb.match(V{"cummax"}));
+  EXPECT_FALSE(kb.match(V{"softsign", "cummax"})) << "two ops are no level-1 problem";
+  EXPECT_FALSE(dedup::KernelBenchOps().match(V{"conv2d", "relu", "add"})) << "no table, no match";
 
   json a = {{"Module", 1}, {"Call|Attribute", 7}, {"op:nn.Linear", 1}};
   json b = {{"Module", 1}, {"Call|Attribute", 7}, {"op:nn.Conv2d", 1}};

@@ -97,23 +97,24 @@ TEST(Export, SameWorkspaceGivesTheSameBytesAndTheManifestChecksumsThem) {
 
   auto ta = tree(dir / "a"), tb = tree(dir / "b");
   EXPECT_EQ(ta, tb);
-  for (auto* f : {"manifest.json", "README.md", "ops-00000-of-00002.jsonl", "ops-00001-of-00002.jsonl",
+  for (auto* f : {"manifest.json", "README.md", "ops-00000-of-00003.jsonl", "ops-00001-of-00003.jsonl",
+                  "ops-00002-of-00003.jsonl",
                   "stats/funnel.json", "stats/op_frequency.json", "stats/ops_per_task.json", "stats/eager_ms.json",
                   "stats/similarity.json"})
     EXPECT_TRUE(ta.count(f)) << f;
   for (auto* png : {"funnel.png", "op_frequency.png", "ops_per_task.png", "eager_ms.png", "similarity.png"})
     EXPECT_TRUE(fs::exists(dir / "a" / "stats" / png)) << png;
 
-  // 9 files, 8 tasks (a comments-only copy merges at import), 1 exact and 1 near duplicate dropped.
+  // 12 files, 11 tasks (a comments-only copy merges at import), 1 exact and 1 near duplicate dropped.
   json m = json::parse(ta.at("manifest.json"));
-  EXPECT_EQ(m["records"], 6);
-  EXPECT_EQ(m["splits"]["train"].get<long>() + m["splits"]["test"].get<long>(), 6);
+  EXPECT_EQ(m["records"], 9);
+  EXPECT_EQ(m["splits"]["train"].get<long>() + m["splits"]["test"].get<long>(), 9);
   EXPECT_EQ(m["device"], "cpu");
   EXPECT_EQ(m["versions"]["torch"], "2.test");
   EXPECT_EQ(m["config"]["shard_size"], 4);
   EXPECT_FALSE(m["config"]["dedup"].is_null());
   EXPECT_EQ(ta.at("manifest.json").find("_at\""), std::string::npos) << "no timestamps";
-  ASSERT_EQ(m["shards"].size(), 2u);
+  ASSERT_EQ(m["shards"].size(), 3u);
   long total = 0;
   std::vector<json> recs;
   for (auto& s : m["shards"]) {
@@ -124,7 +125,7 @@ TEST(Export, SameWorkspaceGivesTheSameBytesAndTheManifestChecksumsThem) {
     total += static_cast<long>(ls.size());
     recs.insert(recs.end(), ls.begin(), ls.end());
   }
-  EXPECT_EQ(total, 6);
+  EXPECT_EQ(total, 9);
   for (auto& s : m["stats"]) EXPECT_EQ(s["xxh3"], xxh3_hex(ta.at(s["file"].get<std::string>())));
 
   for (std::size_t i = 0; i < recs.size(); ++i) {
@@ -142,9 +143,9 @@ TEST(Export, SameWorkspaceGivesTheSameBytesAndTheManifestChecksumsThem) {
   }
 
   json funnel = json::parse(ta.at("stats/funnel.json"));
-  EXPECT_EQ(funnel["filter"]["accepted"], 8);
+  EXPECT_EQ(funnel["filter"]["accepted"], 11);
   EXPECT_EQ(funnel["dedup"]["dropped_by_reason"], json({{"exact_duplicate", 1}, {"near_duplicate", 1}}));
-  EXPECT_EQ(funnel["exported"]["records"], 6);
+  EXPECT_EQ(funnel["exported"]["records"], 9);
 
   std::string card = ta.at("README.md");
   EXPECT_EQ(card.rfind("---\nconfigs:\n- config_name: default\n", 0), 0u) << card;
@@ -158,7 +159,7 @@ TEST(Export, SameWorkspaceGivesTheSameBytesAndTheManifestChecksumsThem) {
                          "assert all(isinstance(o, list) for o in ds['ops']); print('rows', len(ds))\" '" +
                          (dir / "a").string() + "' 2>&1");
   EXPECT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("rows 6"), std::string::npos) << out;
+  EXPECT_NE(out.find("rows 9"), std::string::npos) << out;
 }
 
 TEST(Export, GzipShardsDecompressToTheSameLines) {
@@ -200,10 +201,10 @@ TEST(Export, KernelBenchLayoutWritesOneRunnableFilePerRecord) {
     EXPECT_NE(code.find("def get_inputs"), std::string::npos) << e.path();
   }
   std::sort(names.begin(), names.end());
-  ASSERT_EQ(names.size(), 6u);
+  ASSERT_EQ(names.size(), 9u);
   EXPECT_EQ(names[0].rfind("1_", 0), 0u) << names[0];
   json m = json::parse(test::read_file(dir / "manifest.json"));
-  ASSERT_EQ(m["files"].size(), 6u);
+  ASSERT_EQ(m["files"].size(), 9u);
   for (auto& f : m["files"])
     EXPECT_EQ(f["xxh3"], xxh3_hex(test::read_file(dir / f["file"].get<std::string>()))) << f["file"];
 }
@@ -213,7 +214,7 @@ TEST(Export, WithoutDedupResultsItSaysToRunDedup) {
   accepted_workspace(dir / "ws");
   auto r = test::run_opforge({"export", "--workspace", (dir / "ws").string(), "--out", (dir / "out").string()});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("8 of 8 accepted tasks"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("11 of 11 accepted tasks"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("run `opforge dedup --workspace"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir / "out" / "manifest.json"));
 }

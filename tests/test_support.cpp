@@ -129,6 +129,9 @@ const std::map<std::string, nlohmann::json>& dedup_fixture_ops() {
       {"bmm_scale_sigmoid", json::array({"torch.bmm", "torch.mul", "torch.sigmoid"})},
       {"conv_relu_bias", json::array({"nn.Conv2d", "torch.relu", "torch.add"})},
       {"deconv_softplus_clamp", json::array({"nn.ConvTranspose2d", "F.softplus", "torch.clamp"})},
+      {"hardtanh_single", json::array({"nn.Hardtanh"})},
+      {"conv_relu_scale_bias", json::array({"nn.Conv2d", "torch.relu", "torch.mul", "torch.add"})},
+      {"cummax_single", json::array({"torch.cummax"})},
   };
   return ops;
 }
