@@ -96,14 +96,14 @@ TEST(Dedup, PlantedDuplicatesAndKernelBenchLookalikesAreDropped) {
   auto ws = dir / "ws";
   std::string import_log = accepted_workspace(ws);
   // The comments-and-whitespace copy has the same task id as its original: import already merges it.
-  EXPECT_NE(import_log.find("imported 11 candidates (1 already present)"), std::string::npos) << import_log;
+  EXPECT_NE(import_log.find("imported 12 candidates (1 already present)"), std::string::npos) << import_log;
 
   auto r = test::run_opforge({"dedup", "--workspace", ws.string(), "--reference",
                               (test::fixtures() / "dedup" / "reference").string()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::cerr << r.err;
   auto res = results(ws);
-  ASSERT_EQ(res.size(), 11u);
+  ASSERT_EQ(res.size(), 12u);
 
   expect_pair(res, "linear_tanh", "linear_tanh_renamed", "exact_duplicate");
   expect_pair(res, "layernorm_gelu", "layernorm_gelu_reordered", "near_duplicate");
@@ -135,13 +135,17 @@ TEST(Dedup, PlantedDuplicatesAndKernelBenchLookalikesAreDropped) {
   EXPECT_EQ(copy.reason, "kernelbench_similar");
   EXPECT_EQ(copy.nearest_ref, "level2/7_ConvTranspose2d_Softplus_Clamp.py");
   EXPECT_GE(copy.ref_sim, 0.95);
+  // A level-3-style block renamed, resized and without its docstring is still its reference.
+  const Result& block = res.at("mlp_block_renamed");
+  EXPECT_EQ(block.reason, "kernelbench_similar");
+  EXPECT_EQ(block.nearest_ref, "level3/1_ResidualMLPBlock.py");
 
   json st = json::parse(test::run_opforge({"status", "--workspace", ws.string(), "--json"}).out)["dedup"];
   EXPECT_EQ(st["kept"], 5);
-  EXPECT_EQ(st["dropped"], 6);
+  EXPECT_EQ(st["dropped"], 7);
   EXPECT_EQ(st["pending"], 0);
   EXPECT_EQ(st["reasons"], json({{"exact_duplicate", 1}, {"near_duplicate", 1}, {"kernelbench_ops", 2},
-                                 {"kernelbench_level1", 1}, {"kernelbench_similar", 1}}));
+                                 {"kernelbench_level1", 1}, {"kernelbench_similar", 2}}));
   long binned = 0;
   for (auto& b : st["ref_similarity_histogram"]) binned += b["kept"].get<long>();
   EXPECT_EQ(binned, 5);
@@ -175,7 +179,7 @@ TEST(Dedup, WithoutReferencesAndNamesOnlyDuplicatesGo) {
     kept += x.kept;
     EXPECT_TRUE(std::isnan(x.ref_sim)) << name;
   }
-  EXPECT_EQ(kept, 9);
+  EXPECT_EQ(kept, 10);
   EXPECT_TRUE(res.at("conv_relu_bias").kept);
   EXPECT_TRUE(res.at("hardtanh_single").kept);
   EXPECT_TRUE(res.at("deconv_softplus_clamp").kept);

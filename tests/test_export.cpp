@@ -3,6 +3,7 @@
 // and deduplicated by the real `opforge dedup`. Exports must be byte-identical across runs, their
 // manifest must checksum the shards, the dataset card must load with Hugging Face `datasets`, and
 // a workspace that dedup has not seen must be refused with a message saying what to run.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -105,10 +106,10 @@ TEST(Export, SameWorkspaceGivesTheSameBytesAndTheManifestChecksumsThem) {
   for (auto* png : {"funnel.png", "op_frequency.png", "ops_per_task.png", "eager_ms.png", "similarity.png"})
     EXPECT_TRUE(fs::exists(dir / "a" / "stats" / png)) << png;
 
-  // 12 files, 11 tasks (a comments-only copy merges at import), 1 exact and 1 near duplicate dropped.
+  // 13 files, 12 tasks (a comments-only copy merges at import), 1 exact and 1 near duplicate dropped.
   json m = json::parse(ta.at("manifest.json"));
-  EXPECT_EQ(m["records"], 9);
-  EXPECT_EQ(m["splits"]["train"].get<long>() + m["splits"]["test"].get<long>(), 9);
+  EXPECT_EQ(m["records"], 10);
+  EXPECT_EQ(m["splits"]["train"].get<long>() + m["splits"]["test"].get<long>(), 10);
   EXPECT_EQ(m["device"], "cpu");
   EXPECT_EQ(m["versions"]["torch"], "2.test");
   EXPECT_EQ(m["config"]["shard_size"], 4);
@@ -125,7 +126,7 @@ TEST(Export, SameWorkspaceGivesTheSameBytesAndTheManifestChecksumsThem) {
     total += static_cast<long>(ls.size());
     recs.insert(recs.end(), ls.begin(), ls.end());
   }
-  EXPECT_EQ(total, 9);
+  EXPECT_EQ(total, 10);
   for (auto& s : m["stats"]) EXPECT_EQ(s["xxh3"], xxh3_hex(ta.at(s["file"].get<std::string>())));
 
   for (std::size_t i = 0; i < recs.size(); ++i) {
@@ -143,9 +144,9 @@ TEST(Export, SameWorkspaceGivesTheSameBytesAndTheManifestChecksumsThem) {
   }
 
   json funnel = json::parse(ta.at("stats/funnel.json"));
-  EXPECT_EQ(funnel["filter"]["accepted"], 11);
+  EXPECT_EQ(funnel["filter"]["accepted"], 12);
   EXPECT_EQ(funnel["dedup"]["dropped_by_reason"], json({{"exact_duplicate", 1}, {"near_duplicate", 1}}));
-  EXPECT_EQ(funnel["exported"]["records"], 9);
+  EXPECT_EQ(funnel["exported"]["records"], 10);
 
   std::string card = ta.at("README.md");
   EXPECT_EQ(card.rfind("---\nconfigs:\n- config_name: default\n", 0), 0u) << card;
@@ -159,7 +160,7 @@ TEST(Export, SameWorkspaceGivesTheSameBytesAndTheManifestChecksumsThem) {
                          "assert all(isinstance(o, list) for o in ds['ops']); print('rows', len(ds))\" '" +
                          (dir / "a").string() + "' 2>&1");
   EXPECT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("rows 9"), std::string::npos) << out;
+  EXPECT_NE(out.find("rows 10"), std::string::npos) << out;
 }
 
 TEST(Export, GzipShardsDecompressToTheSameLines) {
@@ -201,10 +202,12 @@ TEST(Export, KernelBenchLayoutWritesOneRunnableFilePerRecord) {
     EXPECT_NE(code.find("def get_inputs"), std::string::npos) << e.path();
   }
   std::sort(names.begin(), names.end());
-  ASSERT_EQ(names.size(), 9u);
-  EXPECT_EQ(names[0].rfind("1_", 0), 0u) << names[0];
+  ASSERT_EQ(names.size(), 10u);
+  // Numbered from 1 (sorted as text, "10_" comes before "1_").
+  EXPECT_TRUE(std::any_of(names.begin(), names.end(), [](const std::string& n) { return n.rfind("1_", 0) == 0; }))
+      << names[0];
   json m = json::parse(test::read_file(dir / "manifest.json"));
-  ASSERT_EQ(m["files"].size(), 9u);
+  ASSERT_EQ(m["files"].size(), 10u);
   for (auto& f : m["files"])
     EXPECT_EQ(f["xxh3"], xxh3_hex(test::read_file(dir / f["file"].get<std::string>()))) << f["file"];
 }
@@ -214,7 +217,7 @@ TEST(Export, WithoutDedupResultsItSaysToRunDedup) {
   accepted_workspace(dir / "ws");
   auto r = test::run_opforge({"export", "--workspace", (dir / "ws").string(), "--out", (dir / "out").string()});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("11 of 11 accepted tasks"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("12 of 12 accepted tasks"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("run `opforge dedup --workspace"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir / "out" / "manifest.json"));
 }

@@ -132,6 +132,7 @@ const std::map<std::string, nlohmann::json>& dedup_fixture_ops() {
       {"hardtanh_single", json::array({"nn.Hardtanh"})},
       {"conv_relu_scale_bias", json::array({"nn.Conv2d", "torch.relu", "torch.mul", "torch.add"})},
       {"cummax_single", json::array({"torch.cummax"})},
+      {"mlp_block_renamed", json::array({"nn.LayerNorm", "nn.Linear", "F.gelu", "nn.Linear", "torch.add"})},
   };
   return ops;
 }
