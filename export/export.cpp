@@ -138,6 +138,73 @@ std::string gzip_bytes(const std::string& data) {
   return out;
 }
 
+namespace {
+
+// The dataset is written into <out>.partial and swapped in whole at the end (publish), so a
+// killed export leaves the previous dataset intact; --out must be empty, absent or an earlier
+// export, because it is replaced as a whole.
+fs::path staging_dir(const fs::path& out) {
+  std::error_code ec;
+  if (fs::exists(out)) {
+    OPFORGE_CHECK(fs::is_directory(out), "--out {} is a file: give the folder the dataset goes to", out.string());
+    OPFORGE_CHECK(fs::is_empty(out) || fs::exists(out / "manifest.json"),
+                  "--out {} holds files that are not an opforge export (no manifest.json); an export replaces its "
+                  "folder as a whole, so choose an empty or new folder",
+                  out.string());
+  }
+  fs::path dir = out;
+  dir += ".partial";
+  fs::remove_all(dir, ec);  // a killed export's leftovers
+  fs::create_directories(dir / "stats", ec);
+  OPFORGE_CHECK(!ec, "cannot create {}: {} (choose a writable --out)", (dir / "stats").string(), ec.message());
+  return dir;
+}
+
+void publish(const fs::path& dir, const fs::path& out) {
+  fs::path old = out;
+  old += ".previous";
+  std::error_code ec;
+  fs::remove_all(old, ec);
+  if (fs::exists(out)) fs::rename(out, old);
+  fs::rename(dir, out);
+  fs::remove_all(old, ec);
+}
+
+json write_shards(const fs::path& dir, const std::vector<Record>& recs, const ExportOptions& opts) {
+  json files = json::array();
+  for (std::string split : {"train", "test"}) {
+    std::vector<const Record*> part;
+    for (auto& r : recs)
+      if (r.row["split"] == split) part.push_back(&r);
+    if (part.empty() && !(split == "train" && recs.empty())) continue;  // an empty dataset: one empty train shard
+    long n = static_cast<long>(part.size()), n_shards = std::max<long>(1, (n + opts.shard_size - 1) / opts.shard_size);
+    for (long s = 0; s < n_shards; ++s) {
+      std::string text;
+      for (long i = s * opts.shard_size; i < std::min(n, (s + 1) * opts.shard_size); ++i) text += part[i]->row.dump() + "\n";
+      std::string name = fmt::format("ops-{}-{:05d}-of-{:05d}.jsonl{}", split, s, n_shards, opts.gzip ? ".gz" : "");
+      std::string bytes = opts.gzip ? gzip_bytes(text) : text;
+      write_bytes(dir / name, bytes);
+      files.push_back({{"file", name}, {"split", split}, {"records", std::min(n, (s + 1) * opts.shard_size) - s * opts.shard_size},
+                       {"xxh3", xxh3_hex(bytes)}, {"bytes", bytes.size()}});
+    }
+  }
+  return files;
+}
+
+json write_kernelbench_files(const fs::path& dir, const std::vector<Record>& recs) {
+  json files = json::array();
+  fs::create_directories(dir / "level_opforge");
+  for (std::size_t i = 0; i < recs.size(); ++i) {
+    std::string name = fmt::format("level_opforge/{}_{}.py", i + 1, kernelbench_name(recs[i].row["ops"]));
+    const std::string& code = recs[i].row["code"].get_ref<const std::string&>();
+    write_bytes(dir / name, code);
+    files.push_back({{"file", name}, {"id", recs[i].id}, {"xxh3", xxh3_hex(code)}, {"bytes", code.size()}});
+  }
+  return files;
+}
+
+}  // namespace
+
 ExportSummary export_dataset(Workspace& ws, const ExportOptions& opts) {
   auto t0 = std::chrono::steady_clock::now();
   Db& db = ws.db();
@@ -220,36 +287,9 @@ ExportSummary export_dataset(Workspace& ws, const ExportOptions& opts) {
   }
   sum.records = static_cast<long>(recs.size());
 
-  std::error_code ec;
-  fs::create_directories(opts.out / "stats", ec);
-  OPFORGE_CHECK(!ec, "cannot create {}: {} (choose a writable --out)", (opts.out / "stats").string(), ec.message());
-  // Shards of an earlier export with more records or another format would be globbed in with ours.
-  for (auto& e : fs::directory_iterator(opts.out))
-    if (e.is_regular_file() && e.path().filename().string().rfind("ops-", 0) == 0) fs::remove(e.path());
-  fs::remove_all(opts.out / "level_opforge");
+  const fs::path dir = staging_dir(opts.out);
 
-  json files = json::array();
-  if (opts.format == "jsonl") {
-    long n_shards = std::max<long>(1, (sum.records + opts.shard_size - 1) / opts.shard_size);
-    for (long s = 0; s < n_shards; ++s) {
-      std::string text;
-      long first = s * opts.shard_size, last = std::min(sum.records, first + opts.shard_size);
-      for (long i = first; i < last; ++i) text += recs[i].row.dump() + "\n";
-      std::string name = fmt::format("ops-{:05d}-of-{:05d}.jsonl{}", s, n_shards, opts.gzip ? ".gz" : "");
-      std::string bytes = opts.gzip ? gzip_bytes(text) : text;
-      write_bytes(opts.out / name, bytes);
-      files.push_back({{"file", name}, {"records", last - first}, {"xxh3", xxh3_hex(bytes)}, {"bytes", bytes.size()}});
-    }
-  } else {
-    fs::create_directories(opts.out / "level_opforge");
-    for (std::size_t i = 0; i < recs.size(); ++i) {
-      std::string name =
-          fmt::format("level_opforge/{}_{}.py", i + 1, kernelbench_name(recs[i].row["ops"]));
-      const std::string& code = recs[i].row["code"].get_ref<const std::string&>();
-      write_bytes(opts.out / name, code);
-      files.push_back({{"file", name}, {"id", recs[i].id}, {"xxh3", xxh3_hex(code)}, {"bytes", code.size()}});
-    }
-  }
+  json files = opts.format == "jsonl" ? write_shards(dir, recs, opts) : write_kernelbench_files(dir, recs);
   sum.files = static_cast<long>(files.size());
 
   // Stats.
@@ -330,7 +370,7 @@ ExportSummary export_dataset(Workspace& ws, const ExportOptions& opts) {
   json stat_files = json::array();
   for (auto& [name, value] : stats.items()) {
     std::string bytes = pretty(value);
-    write_bytes(opts.out / "stats" / (name + ".json"), bytes);
+    write_bytes(dir / "stats" / (name + ".json"), bytes);
     stat_files.push_back({{"file", "stats/" + name + ".json"}, {"xxh3", xxh3_hex(bytes)}});
   }
 
@@ -364,17 +404,19 @@ ExportSummary export_dataset(Workspace& ws, const ExportOptions& opts) {
       {"device", most_common(devices)},
       {"devices", devices},
   };
-  write_bytes(opts.out / "manifest.json", pretty(manifest));
+  write_bytes(dir / "manifest.json", pretty(manifest));
 
   if (opts.format == "jsonl") {
-    std::string pattern = opts.gzip ? "ops-*.jsonl.gz" : "ops-*.jsonl";
+    std::string ext = opts.gzip ? ".jsonl.gz" : ".jsonl", data_files;
+    // One entry per split that has records: a pattern matching no file would fail load_dataset.
+    for (auto [split, n] : {std::pair{"train", sum.train}, std::pair{"test", sum.test}})
+      if (n > 0 || (std::string(split) == "train" && sum.records == 0)) data_files += fmt::format("  - split: {}\n    path: \"ops-{}-*{}\"\n", split, split, ext);
     std::string card = fmt::format(
         "---\n"
         "configs:\n"
         "- config_name: default\n"
         "  data_files:\n"
-        "  - split: train\n"
-        "    path: \"{}\"\n"
+        "{}"
         "tags:\n"
         "- code\n"
         "- cuda\n"
@@ -385,15 +427,15 @@ ExportSummary export_dataset(Workspace& ws, const ExportOptions& opts) {
         "`get_init_inputs()`), built by opforge {}: crawled torch/transformers operators, fused, kept\n"
         "only when eager and `torch.compile` agree, deterministic and timed, then deduplicated and\n"
         "decontaminated against KernelBench.\n\n"
-        "- records: {} ({} train, {} test; the `split` column marks them, all in the one `train` split here)\n"
+        "- records: {} ({} train, {} test: shards `ops-train-*` and `ops-test-*`, the dataset's two splits)\n"
         "- shards: {}\n"
         "- device of the timings: {}\n\n"
         "Fields: `ops` (traced operators), `data_source` (`torch#K`, `transformers#1`, `imported#K`), `code`,\n"
         "`id`, `num_ops`, `metrics` (eager and compile times, speed-up, ...), `provenance`, `decontamination`\n"
         "(nearest KernelBench reference and nearest other task, with cosines), `split`.\n"
         "`manifest.json` holds checksums, the export config and versions; `stats/` the funnel and histograms.\n",
-        pattern, version(), sum.records, sum.train, sum.test, files.size(), most_common(devices));
-    write_bytes(opts.out / "README.md", card);
+        data_files, version(), sum.records, sum.train, sum.test, files.size(), most_common(devices));
+    write_bytes(dir / "README.md", card);
   }
 
   if (opts.plots) {
@@ -401,11 +443,12 @@ ExportSummary export_dataset(Workspace& ws, const ExportOptions& opts) {
     popts.workers = 1;
     popts.log_file = ws.logs_dir() / "workers.log";
     WorkerPool pool(popts);
-    auto r = pool.call({{"op", "plots"}, {"args", {{"stats", stats}, {"out_dir", (opts.out / "stats").string()}}}});
+    auto r = pool.call({{"op", "plots"}, {"args", {{"stats", stats}, {"out_dir", (dir / "stats").string()}}}});
     OPFORGE_CHECK(r.outcome == Outcome::ok && r.reply.value("ok", false),
                   "drawing the stats plots failed ({} {}: {}); is matplotlib in the venv? pass --no-plots to skip them",
                   outcome_name(r.outcome), r.reason, r.reply.value("message", ""));
   }
+  publish(dir, opts.out);
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return sum;
 }

@@ -3,9 +3,9 @@
 // and deduplicated by the real `opforge dedup`. Exports must be byte-identical across runs, their
 // manifest must checksum the shards, the dataset card must load with Hugging Face `datasets`, and
 // a workspace that dedup has not seen must be refused with a message saying what to run.
-#include <algorithm>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -98,9 +98,7 @@ TEST(Export, SameWorkspaceGivesTheSameBytesAndTheManifestChecksumsThem) {
 
   auto ta = tree(dir / "a"), tb = tree(dir / "b");
   EXPECT_EQ(ta, tb);
-  for (auto* f : {"manifest.json", "README.md", "ops-00000-of-00003.jsonl", "ops-00001-of-00003.jsonl",
-                  "ops-00002-of-00003.jsonl",
-                  "stats/funnel.json", "stats/op_frequency.json", "stats/ops_per_task.json", "stats/eager_ms.json",
+  for (auto* f : {"manifest.json", "README.md", "stats/funnel.json", "stats/op_frequency.json", "stats/ops_per_task.json", "stats/eager_ms.json",
                   "stats/similarity.json"})
     EXPECT_TRUE(ta.count(f)) << f;
   for (auto* png : {"funnel.png", "op_frequency.png", "ops_per_task.png", "eager_ms.png", "similarity.png"})
@@ -115,7 +113,13 @@ TEST(Export, SameWorkspaceGivesTheSameBytesAndTheManifestChecksumsThem) {
   EXPECT_EQ(m["config"]["shard_size"], 4);
   EXPECT_FALSE(m["config"]["dedup"].is_null());
   EXPECT_EQ(ta.at("manifest.json").find("_at\""), std::string::npos) << "no timestamps";
-  ASSERT_EQ(m["shards"].size(), 3u);
+  // One set of shards per split (4 records each at most), every record in its split's shards.
+  ASSERT_GE(m["shards"].size(), 3u);
+  for (auto& sh : m["shards"]) {
+    std::string file = sh["file"], split = sh["split"];
+    EXPECT_EQ(file.rfind("ops-" + split + "-", 0), 0u) << file;
+    for (auto& rec : lines(ta.at(file))) EXPECT_EQ(rec["split"], split) << file;
+  }
   long total = 0;
   std::vector<json> recs;
   for (auto& s : m["shards"]) {
@@ -140,7 +144,9 @@ TEST(Export, SameWorkspaceGivesTheSameBytesAndTheManifestChecksumsThem) {
     EXPECT_TRUE(r["provenance"]["seed_ids"].is_array());
     EXPECT_TRUE(r["decontamination"].contains("task_similarity"));
     EXPECT_EQ(r["split"], exporter::split_of(r["id"], 7, 0.5));
-    if (i > 0) EXPECT_LT(recs[i - 1]["id"].get<std::string>(), r["id"].get<std::string>()) << "id order";
+    // In id order within each split (the shards of train come first, then those of test).
+    if (i > 0 && recs[i - 1]["split"] == r["split"])
+      EXPECT_LT(recs[i - 1]["id"].get<std::string>(), r["id"].get<std::string>()) << "id order";
   }
 
   json funnel = json::parse(ta.at("stats/funnel.json"));
@@ -150,17 +156,20 @@ TEST(Export, SameWorkspaceGivesTheSameBytesAndTheManifestChecksumsThem) {
 
   std::string card = ta.at("README.md");
   EXPECT_EQ(card.rfind("---\nconfigs:\n- config_name: default\n", 0), 0u) << card;
-  EXPECT_NE(card.find("path: \"ops-*.jsonl\""), std::string::npos) << card;
+  EXPECT_NE(card.find("- split: train\n    path: \"ops-train-*.jsonl\""), std::string::npos) << card;
+  EXPECT_NE(card.find("- split: test\n    path: \"ops-test-*.jsonl\""), std::string::npos) << card;
 
   // The card is what Hugging Face `datasets` reads when pointed at the folder.
   test::TempDir hf;
   std::string py = python_executable().string();
   auto [rc, out] = test::shell("HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 HF_HOME='" + hf.path().string() + "' '" + py +
-                         "' -c \"import datasets, sys; ds = datasets.load_dataset(sys.argv[1], split='train'); "
-                         "assert all(isinstance(o, list) for o in ds['ops']); print('rows', len(ds))\" '" +
+                         "' -c \"import datasets, sys; d = datasets.load_dataset(sys.argv[1]); "
+                         "assert all(isinstance(o, list) for o in d['train']['ops']); "
+                         "assert set(d['test']['split']) == {'test'}; "
+                         "print('rows', len(d['train']) + len(d['test']), 'test', len(d['test']))\" '" +
                          (dir / "a").string() + "' 2>&1");
   EXPECT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("rows 10"), std::string::npos) << out;
+  EXPECT_NE(out.find("rows 10 test " + std::to_string(m["splits"]["test"].get<long>())), std::string::npos) << out;
 }
 
 TEST(Export, GzipShardsDecompressToTheSameLines) {
@@ -174,18 +183,45 @@ TEST(Export, GzipShardsDecompressToTheSameLines) {
   r = test::run_opforge(
       {"export", "--workspace", ws.string(), "--out", (dir / "gz2").string(), "--gzip", "--no-plots"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  std::string gz = test::read_file(dir / "gz" / "ops-00000-of-00001.jsonl.gz");
-  EXPECT_EQ(gz, test::read_file(dir / "gz2" / "ops-00000-of-00001.jsonl.gz"));
+  std::string gz = test::read_file(dir / "gz" / "ops-train-00000-of-00001.jsonl.gz");
+  EXPECT_EQ(gz, test::read_file(dir / "gz2" / "ops-train-00000-of-00001.jsonl.gz"));
   EXPECT_EQ(gz.substr(4, 4), std::string(4, '\0')) << "gzip mtime is 0";
   json m = json::parse(test::read_file(dir / "gz" / "manifest.json"));
   EXPECT_EQ(m["shards"][0]["xxh3"], xxh3_hex(gz));
-  EXPECT_NE(test::read_file(dir / "gz" / "README.md").find("path: \"ops-*.jsonl.gz\""), std::string::npos);
+  EXPECT_NE(test::read_file(dir / "gz" / "README.md").find("path: \"ops-train-*.jsonl.gz\""), std::string::npos);
 
   auto [rc, out] = test::shell("'" + python_executable().string() +
                          "' -c \"import gzip, sys; sys.stdout.write(gzip.open(sys.argv[1], 'rt').read())\" '" +
-                         (dir / "gz" / "ops-00000-of-00001.jsonl.gz").string() + "'");
+                         (dir / "gz" / "ops-train-00000-of-00001.jsonl.gz").string() + "'");
   ASSERT_EQ(rc, 0);
-  EXPECT_EQ(out, test::read_file(dir / "plain" / "ops-00000-of-00001.jsonl"));
+  EXPECT_EQ(out, test::read_file(dir / "plain" / "ops-train-00000-of-00001.jsonl"));
+}
+
+TEST(Export, TheFolderIsReplacedWholeAndAForeignFolderIsRefused) {
+  const fs::path& ws = deduped_workspace();
+  test::TempDir dir;
+  fs::path out = dir / "ds";
+  auto run = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = {"export", "--workspace", ws.string(), "--out", out.string(), "--no-plots"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return test::run_opforge(a);
+  };
+  ASSERT_EQ(run({"--shard-size", "2"}).exit_code, 0);
+  test::write_file(dir / "ds.partial" / "ops-train-00099-of-00100.jsonl", "left by a killed export\n");
+  // A second export with fewer, larger shards: nothing of the first (or of the killed one) is left.
+  auto r = run({});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::set<std::string> names;
+  for (auto& e : fs::directory_iterator(out)) names.insert(e.path().filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{"README.md", "manifest.json", "ops-train-00000-of-00001.jsonl", "stats"}));
+  EXPECT_FALSE(fs::exists(dir / "ds.partial"));
+  EXPECT_FALSE(fs::exists(dir / "ds.previous"));
+
+  test::write_file(dir / "mine" / "notes.txt", "a user's file\n");
+  r = test::run_opforge({"export", "--workspace", ws.string(), "--out", (dir / "mine").string(), "--no-plots"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("holds files that are not an opforge export"), std::string::npos) << r.err;
+  EXPECT_EQ(test::read_file(dir / "mine" / "notes.txt"), "a user's file\n");
 }
 
 TEST(Export, KernelBenchLayoutWritesOneRunnableFilePerRecord) {
