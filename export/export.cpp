@@ -54,7 +54,7 @@ struct Record {
   json row;  // the exported object
   std::string source;
   double eager_ms = NAN, ref_sim = NAN, task_sim = NAN;
-  std::string device;
+  std::string device, torch;  // from the filter's metrics
 };
 
 json histogram(const std::vector<double>& values, const std::vector<double>& edges, const std::string& what) {
@@ -205,17 +205,11 @@ json write_kernelbench_files(const fs::path& dir, const std::vector<Record>& rec
 
 }  // namespace
 
-ExportSummary export_dataset(Workspace& ws, const ExportOptions& opts) {
-  auto t0 = std::chrono::steady_clock::now();
-  Db& db = ws.db();
-  ExportSummary sum;
-  OPFORGE_CHECK(opts.format == "jsonl" || opts.format == "kernelbench", "--format {} is unknown: use jsonl or kernelbench",
-                opts.format);
-  OPFORGE_CHECK(opts.shard_size > 0, "--shard-size must be positive");
-  OPFORGE_CHECK(opts.test_fraction >= 0 && opts.test_fraction <= 1, "--test-fraction must be within [0, 1]");
-  OPFORGE_CHECK(!opts.out.empty(), "--out is required: the folder the dataset is written to");
+namespace {
 
-  // Only kept tasks are exported, and "kept" means nothing until dedup has seen every accepted task.
+// Only kept tasks are exported, and "kept" means nothing until dedup has seen every accepted task.
+// Returns the number of accepted tasks.
+long check_deduped(Db& db, const Workspace& ws) {
   OPFORGE_CHECK(table_exists(db, "filter_results") && table_exists(db, "tasks"),
                 "workspace {} has no filter results: run `opforge filter` and then `opforge dedup` first",
                 ws.root().string());
@@ -231,113 +225,95 @@ ExportSummary export_dataset(Workspace& ws, const ExportOptions& opts) {
                 "{} of {} accepted tasks in workspace {} have no dedup result: run `opforge dedup --workspace {}` "
                 "first",
                 undeduped, accepted, ws.root().string(), ws.root().string());
+  return accepted;
+}
 
-  // The records, in id order.
+json nullable_text(const Stmt& st, int col) { return st.is_null(col) ? json(nullptr) : json(st.text(col)); }
+json nullable_real(const Stmt& st, int col) { return st.is_null(col) ? json(nullptr) : json(st.real(col)); }
+
+constexpr const char* kRecordsSql =
+    "SELECT t.id, t.source, t.backend, t.num_ops, t.ops, t.seed_ids, t.provenance, coalesce(f.code, t.code), "
+    "f.ops, f.metrics, d.nearest_ref, d.ref_similarity, d.nearest_task, d.task_similarity, "
+    "d.kernelbench_problem FROM dedup_results d JOIN tasks t ON t.id = d.task_id "
+    "JOIN filter_results f ON f.task_id = t.id WHERE d.kept = 1 AND f.verdict = 'accepted' ORDER BY t.id";
+
+// One exported record from a row of kRecordsSql.
+Record record_of(const Stmt& st, const ExportOptions& opts) {
+  Record r;
+  r.id = st.text(0);
+  r.source = st.text(1);
+  json ops = parse_or(st, 8, json::parse(st.text(4)));
+  long num_ops = st.int64(3) > 0 ? st.int64(3) : static_cast<long>(ops.size());
+  std::string data_source;
+  if (r.source == "transformers") data_source = "transformers#1";
+  else if (r.source == "imported") data_source = fmt::format("imported#{}", ops.size());
+  else data_source = fmt::format("{}#{}", r.source, num_ops);
+  json prov = parse_or(st, 6, json::object());
+  if (!prov.is_object()) prov = json{{"value", prov}};
+  prov["seed_ids"] = json::parse(st.text(5));
+  prov["backend"] = st.text(2);
+  json metrics = parse_or(st, 9, json::object());
+  json decon = {{"nearest_ref", nullable_text(st, 10)}, {"ref_similarity", nullable_real(st, 11)},
+                {"nearest_task", nullable_text(st, 12)}, {"task_similarity", nullable_real(st, 13)},
+                {"kernelbench_problem", nullable_text(st, 14)}};
+  r.ref_sim = st.is_null(11) ? NAN : st.real(11);
+  r.task_sim = st.is_null(13) ? NAN : st.real(13);
+  if (metrics.is_object()) {
+    if (auto it = metrics.find("eager_ms"); it != metrics.end() && it->is_number()) r.eager_ms = it->get<double>();
+    if (auto it = metrics.find("device"); it != metrics.end() && it->is_string()) r.device = it->get<std::string>();
+    if (auto it = metrics.find("torch"); it != metrics.end() && it->is_string()) r.torch = it->get<std::string>();
+  }
+  r.row = {{"id", r.id},         {"ops", ops},           {"data_source", data_source},
+           {"code", st.text(7)}, {"num_ops", num_ops},   {"metrics", metrics},
+           {"provenance", prov}, {"decontamination", decon},
+           {"split", split_of(r.id, opts.split_seed, opts.test_fraction)}};
+  return r;
+}
+
+// Kept tasks in id order; counts the splits into sum.
+std::vector<Record> load_records(Db& db, const ExportOptions& opts, ExportSummary& sum) {
   std::vector<Record> recs;
-  std::map<std::string, long> devices;
-  std::string metrics_torch;
-  {
-    auto st = db.prepare(
-        "SELECT t.id, t.source, t.backend, t.num_ops, t.ops, t.seed_ids, t.provenance, coalesce(f.code, t.code), "
-        "f.ops, f.metrics, d.nearest_ref, d.ref_similarity, d.nearest_task, d.task_similarity, "
-        "d.kernelbench_problem FROM dedup_results d JOIN tasks t ON t.id = d.task_id "
-        "JOIN filter_results f ON f.task_id = t.id WHERE d.kept = 1 AND f.verdict = 'accepted' ORDER BY t.id");
-    while (st.step()) {
-      Record r;
-      r.id = st.text(0);
-      r.source = st.text(1);
-      json ops = parse_or(st, 8, json::parse(st.text(4)));
-      long num_ops = st.int64(3) > 0 ? st.int64(3) : static_cast<long>(ops.size());
-      std::string data_source;
-      if (r.source == "transformers") data_source = "transformers#1";
-      else if (r.source == "imported") data_source = fmt::format("imported#{}", ops.size());
-      else data_source = fmt::format("{}#{}", r.source, num_ops);
-      json prov = parse_or(st, 6, json::object());
-      if (!prov.is_object()) prov = json{{"value", prov}};
-      prov["seed_ids"] = json::parse(st.text(5));
-      prov["backend"] = st.text(2);
-      json metrics = parse_or(st, 9, json::object());
-      json decon = json::object();
-      decon["nearest_ref"] = st.is_null(10) ? json(nullptr) : json(st.text(10));
-      decon["ref_similarity"] = st.is_null(11) ? json(nullptr) : json(st.real(11));
-      decon["nearest_task"] = st.is_null(12) ? json(nullptr) : json(st.text(12));
-      decon["task_similarity"] = st.is_null(13) ? json(nullptr) : json(st.real(13));
-      decon["kernelbench_problem"] = st.is_null(14) ? json(nullptr) : json(st.text(14));
-      r.ref_sim = st.is_null(11) ? NAN : st.real(11);
-      r.task_sim = st.is_null(13) ? NAN : st.real(13);
-      if (metrics.is_object()) {
-        if (auto it = metrics.find("eager_ms"); it != metrics.end() && it->is_number()) r.eager_ms = it->get<double>();
-        if (auto it = metrics.find("device"); it != metrics.end() && it->is_string()) ++devices[it->get<std::string>()];
-        if (auto it = metrics.find("torch"); it != metrics.end() && it->is_string() && metrics_torch.empty())
-          metrics_torch = it->get<std::string>();
-      }
-      std::string split = split_of(r.id, opts.split_seed, opts.test_fraction);
-      (split == "test" ? sum.test : sum.train)++;
-      r.row = {{"id", r.id},
-               {"ops", ops},
-               {"data_source", data_source},
-               {"code", st.text(7)},
-               {"num_ops", num_ops},
-               {"metrics", metrics},
-               {"provenance", prov},
-               {"decontamination", decon},
-               {"split", split}};
-      recs.push_back(std::move(r));
-    }
+  auto st = db.prepare(kRecordsSql);
+  while (st.step()) {
+    recs.push_back(record_of(st, opts));
+    (recs.back().row["split"] == "test" ? sum.test : sum.train)++;
   }
   sum.records = static_cast<long>(recs.size());
+  return recs;
+}
 
-  const fs::path dir = staging_dir(opts.out);
+// {"<key column>": count} of a GROUP BY query, and their total.
+std::pair<json, long> counts(Db& db, const std::string& sql) {
+  json out = json::object();
+  long total = 0;
+  auto st = db.prepare(sql);
+  while (st.step()) {
+    out[st.text(0)] = st.int64(1);
+    total += st.int64(1);
+  }
+  return {out, total};
+}
 
-  json files = opts.format == "jsonl" ? write_shards(dir, recs, opts) : write_kernelbench_files(dir, recs);
-  sum.files = static_cast<long>(files.size());
-
-  // Stats.
+json funnel_of(Db& db, long accepted, const ExportSummary& sum) {
   json funnel;
-  if (table_exists(db, "seeds")) {
-    json seeds = json::object();
-    auto st = db.prepare("SELECT status, count(*) FROM seeds GROUP BY status ORDER BY status");
-    while (st.step()) seeds[st.text(0)] = st.int64(1);
-    funnel["seeds"] = seeds;
-  }
-  {
-    json cands = {{"total", 0}, {"by_backend", json::object()}};
-    auto st = db.prepare("SELECT backend, count(*) FROM tasks GROUP BY backend ORDER BY backend");
-    long total = 0;
-    while (st.step()) {
-      cands["by_backend"][st.text(0)] = st.int64(1);
-      total += st.int64(1);
-    }
-    cands["total"] = total;
-    funnel["candidates"] = cands;
-    json filt = {{"accepted", accepted}, {"rejected", 0}, {"rejected_by_reason", json::object()}};
-    auto fr = db.prepare(
-        "SELECT coalesce(reason, 'unknown'), count(*) FROM filter_results WHERE verdict = 'rejected' GROUP BY 1 "
-        "ORDER BY 1");
-    long rejected = 0;
-    while (fr.step()) {
-      filt["rejected_by_reason"][fr.text(0)] = fr.int64(1);
-      rejected += fr.int64(1);
-    }
-    filt["rejected"] = rejected;
-    funnel["filter"] = filt;
-    json dd = {{"kept", 0}, {"dropped", 0}, {"dropped_by_reason", json::object()}};
-    auto dr = db.prepare(
-        "SELECT kept, coalesce(reason, 'unknown'), count(*) FROM dedup_results GROUP BY 1, 2 ORDER BY 1, 2");
-    long kept = 0, dropped = 0;
-    while (dr.step()) {
-      if (dr.int64(0)) {
-        kept += dr.int64(2);
-      } else {
-        dd["dropped_by_reason"][dr.text(1)] = dr.int64(2);
-        dropped += dr.int64(2);
-      }
-    }
-    dd["kept"] = kept;
-    dd["dropped"] = dropped;
-    funnel["dedup"] = dd;
-    funnel["exported"] = {{"records", sum.records}, {"train", sum.train}, {"test", sum.test}};
-  }
+  if (table_exists(db, "seeds"))
+    funnel["seeds"] = counts(db, "SELECT status, count(*) FROM seeds GROUP BY status ORDER BY status").first;
+  auto [backends, candidates] = counts(db, "SELECT backend, count(*) FROM tasks GROUP BY backend ORDER BY backend");
+  funnel["candidates"] = {{"total", candidates}, {"by_backend", backends}};
+  auto [rejections, rejected] = counts(db,
+                                       "SELECT coalesce(reason, 'unknown'), count(*) FROM filter_results WHERE "
+                                       "verdict = 'rejected' GROUP BY 1 ORDER BY 1");
+  funnel["filter"] = {{"accepted", accepted}, {"rejected", rejected}, {"rejected_by_reason", rejections}};
+  auto [drops, dropped] = counts(db,
+                                 "SELECT coalesce(reason, 'unknown'), count(*) FROM dedup_results WHERE kept = 0 "
+                                 "GROUP BY 1 ORDER BY 1");
+  long kept = count(db, "SELECT count(*) FROM dedup_results WHERE kept = 1");
+  funnel["dedup"] = {{"kept", kept}, {"dropped", dropped}, {"dropped_by_reason", drops}};
+  funnel["exported"] = {{"records", sum.records}, {"train", sum.train}, {"test", sum.test}};
+  return funnel;
+}
+
+json stats_of(const std::vector<Record>& recs, json funnel) {
   std::map<std::string, long> op_freq;
   std::map<long, long> per_task;
   std::vector<double> eager, refsim, tasksim;
@@ -360,21 +336,27 @@ ExportSummary export_dataset(Workspace& ws, const ExportOptions& opts) {
                                         std::numeric_limits<double>::max()};
   std::vector<double> sim_edges;
   for (int b = 0; b <= 10; ++b) sim_edges.push_back(b / 10.0);
-  json stats = {{"funnel", funnel},
-                {"op_frequency", op_frequency},
-                {"ops_per_task", ops_per_task},
-                {"eager_ms", histogram(eager, ms_edges, "metrics.eager_ms of exported tasks")},
-                {"similarity",
-                 {{"ref_similarity", histogram(refsim, sim_edges, "cosine to the nearest KernelBench reference")},
-                  {"task_similarity", histogram(tasksim, sim_edges, "cosine to the nearest other accepted task")}}}};
+  return {{"funnel", std::move(funnel)},
+          {"op_frequency", op_frequency},
+          {"ops_per_task", ops_per_task},
+          {"eager_ms", histogram(eager, ms_edges, "metrics.eager_ms of exported tasks")},
+          {"similarity",
+           {{"ref_similarity", histogram(refsim, sim_edges, "cosine to the nearest KernelBench reference")},
+            {"task_similarity", histogram(tasksim, sim_edges, "cosine to the nearest other accepted task")}}}};
+}
+
+json write_stats(const fs::path& dir, const json& stats) {
   json stat_files = json::array();
   for (auto& [name, value] : stats.items()) {
     std::string bytes = pretty(value);
     write_bytes(dir / "stats" / (name + ".json"), bytes);
     stat_files.push_back({{"file", "stats/" + name + ".json"}, {"xxh3", xxh3_hex(bytes)}});
   }
+  return stat_files;
+}
 
-  // Versions: what the seeds were crawled with, else what the filter ran under.
+// Versions: what the seeds were crawled with, else what the filter ran under.
+json versions_of(Db& db, const std::vector<Record>& recs) {
   json versions = {{"opforge", version()}};
   if (table_exists(db, "seeds")) {
     auto st = db.prepare("SELECT versions FROM seeds WHERE versions IS NOT NULL ORDER BY name LIMIT 1");
@@ -382,13 +364,28 @@ ExportSummary export_dataset(Workspace& ws, const ExportOptions& opts) {
       if (json v = json::parse(st.text(0)); v.is_object())
         for (auto& [k, x] : v.items()) versions[k] = x;
   }
-  if (!versions.contains("torch") && !metrics_torch.empty()) versions["torch"] = metrics_torch;
-  json dedup_config = nullptr;
-  if (table_exists(db, "dedup_config")) {
-    auto st = db.prepare("SELECT config FROM dedup_config WHERE id = 1");
-    if (st.step()) dedup_config = json::parse(st.text(0));
-  }
-  json manifest = {
+  for (auto& r : recs)
+    if (!versions.contains("torch") && !r.torch.empty()) versions["torch"] = r.torch;
+  return versions;
+}
+
+json dedup_config_of(Db& db) {
+  if (!table_exists(db, "dedup_config")) return nullptr;
+  auto st = db.prepare("SELECT config FROM dedup_config WHERE id = 1");
+  return st.step() ? json::parse(st.text(0)) : json(nullptr);
+}
+
+std::map<std::string, long> devices_of(const std::vector<Record>& recs) {
+  std::map<std::string, long> devices;
+  for (auto& r : recs)
+    if (!r.device.empty()) ++devices[r.device];
+  return devices;
+}
+
+json manifest_of(Db& db, const std::vector<Record>& recs, const ExportOptions& opts, const ExportSummary& sum,
+                 const json& files, const json& stat_files) {
+  auto devices = devices_of(recs);
+  return {
       {"records", sum.records},
       {"splits", {{"train", sum.train}, {"test", sum.test}}},
       {opts.format == "jsonl" ? "shards" : "files", files},
@@ -399,55 +396,80 @@ ExportSummary export_dataset(Workspace& ws, const ExportOptions& opts) {
         {"gzip", opts.gzip},
         {"split_seed", opts.split_seed},
         {"test_fraction", opts.test_fraction},
-        {"dedup", dedup_config}}},
-      {"versions", versions},
+        {"dedup", dedup_config_of(db)}}},
+      {"versions", versions_of(db, recs)},
       {"device", most_common(devices)},
       {"devices", devices},
   };
+}
+
+// The dataset card: YAML configs Hugging Face `datasets` reads, then a short description.
+std::string card_of(const ExportOptions& opts, const ExportSummary& sum, const json& manifest) {
+  std::string ext = opts.gzip ? ".jsonl.gz" : ".jsonl", data_files;
+  // One entry per split that has records: a pattern matching no file would fail load_dataset.
+  for (auto [split, n] : {std::pair{"train", sum.train}, std::pair{"test", sum.test}})
+    if (n > 0 || (std::string(split) == "train" && sum.records == 0))
+      data_files += fmt::format("  - split: {}\n    path: \"ops-{}-*{}\"\n", split, split, ext);
+  return fmt::format(
+      "---\n"
+      "configs:\n"
+      "- config_name: default\n"
+      "  data_files:\n"
+      "{}"
+      "tags:\n"
+      "- code\n"
+      "- cuda\n"
+      "- kernelbench\n"
+      "---\n\n"
+      "# opforge operator tasks\n\n"
+      "GPU-kernel training tasks in KernelBench format (`class Model(nn.Module)`, `get_inputs()`,\n"
+      "`get_init_inputs()`), built by opforge {}: crawled torch/transformers operators, fused, kept\n"
+      "only when eager and `torch.compile` agree, deterministic and timed, then deduplicated and\n"
+      "decontaminated against KernelBench.\n\n"
+      "- records: {} ({} train, {} test: shards `ops-train-*` and `ops-test-*`, the dataset's two splits)\n"
+      "- shards: {}\n"
+      "- device of the timings: {}\n\n"
+      "Fields: `ops` (traced operators), `data_source` (`torch#K`, `transformers#1`, `imported#K`), `code`,\n"
+      "`id`, `num_ops`, `metrics` (eager and compile times, speed-up, ...), `provenance`, `decontamination`\n"
+      "(nearest KernelBench reference and nearest other task, with cosines), `split`.\n"
+      "`manifest.json` holds checksums, the export config and versions; `stats/` the funnel and histograms.\n",
+      data_files, version(), sum.records, sum.train, sum.test, manifest["shards"].size(),
+      manifest["device"].get<std::string>());
+}
+
+void draw_plots(const Workspace& ws, const json& stats, const fs::path& dir) {
+  WorkerPoolOptions popts;
+  popts.workers = 1;
+  popts.log_file = ws.logs_dir() / "workers.log";
+  WorkerPool pool(popts);
+  auto r = pool.call({{"op", "plots"}, {"args", {{"stats", stats}, {"out_dir", (dir / "stats").string()}}}});
+  OPFORGE_CHECK(r.outcome == Outcome::ok && r.reply.value("ok", false),
+                "drawing the stats plots failed ({} {}: {}); is matplotlib in the venv? pass --no-plots to skip them",
+                outcome_name(r.outcome), r.reason, r.reply.value("message", ""));
+}
+
+}  // namespace
+
+ExportSummary export_dataset(Workspace& ws, const ExportOptions& opts) {
+  auto t0 = std::chrono::steady_clock::now();
+  Db& db = ws.db();
+  ExportSummary sum;
+  OPFORGE_CHECK(opts.format == "jsonl" || opts.format == "kernelbench", "--format {} is unknown: use jsonl or kernelbench",
+                opts.format);
+  OPFORGE_CHECK(opts.shard_size > 0, "--shard-size must be positive");
+  OPFORGE_CHECK(opts.test_fraction >= 0 && opts.test_fraction <= 1, "--test-fraction must be within [0, 1]");
+  OPFORGE_CHECK(!opts.out.empty(), "--out is required: the folder the dataset is written to");
+  long accepted = check_deduped(db, ws);
+  std::vector<Record> recs = load_records(db, opts, sum);
+
+  const fs::path dir = staging_dir(opts.out);
+  json files = opts.format == "jsonl" ? write_shards(dir, recs, opts) : write_kernelbench_files(dir, recs);
+  sum.files = static_cast<long>(files.size());
+  json stats = stats_of(recs, funnel_of(db, accepted, sum));
+  json manifest = manifest_of(db, recs, opts, sum, files, write_stats(dir, stats));
   write_bytes(dir / "manifest.json", pretty(manifest));
-
-  if (opts.format == "jsonl") {
-    std::string ext = opts.gzip ? ".jsonl.gz" : ".jsonl", data_files;
-    // One entry per split that has records: a pattern matching no file would fail load_dataset.
-    for (auto [split, n] : {std::pair{"train", sum.train}, std::pair{"test", sum.test}})
-      if (n > 0 || (std::string(split) == "train" && sum.records == 0)) data_files += fmt::format("  - split: {}\n    path: \"ops-{}-*{}\"\n", split, split, ext);
-    std::string card = fmt::format(
-        "---\n"
-        "configs:\n"
-        "- config_name: default\n"
-        "  data_files:\n"
-        "{}"
-        "tags:\n"
-        "- code\n"
-        "- cuda\n"
-        "- kernelbench\n"
-        "---\n\n"
-        "# opforge operator tasks\n\n"
-        "GPU-kernel training tasks in KernelBench format (`class Model(nn.Module)`, `get_inputs()`,\n"
-        "`get_init_inputs()`), built by opforge {}: crawled torch/transformers operators, fused, kept\n"
-        "only when eager and `torch.compile` agree, deterministic and timed, then deduplicated and\n"
-        "decontaminated against KernelBench.\n\n"
-        "- records: {} ({} train, {} test: shards `ops-train-*` and `ops-test-*`, the dataset's two splits)\n"
-        "- shards: {}\n"
-        "- device of the timings: {}\n\n"
-        "Fields: `ops` (traced operators), `data_source` (`torch#K`, `transformers#1`, `imported#K`), `code`,\n"
-        "`id`, `num_ops`, `metrics` (eager and compile times, speed-up, ...), `provenance`, `decontamination`\n"
-        "(nearest KernelBench reference and nearest other task, with cosines), `split`.\n"
-        "`manifest.json` holds checksums, the export config and versions; `stats/` the funnel and histograms.\n",
-        data_files, version(), sum.records, sum.train, sum.test, files.size(), most_common(devices));
-    write_bytes(dir / "README.md", card);
-  }
-
-  if (opts.plots) {
-    WorkerPoolOptions popts;
-    popts.workers = 1;
-    popts.log_file = ws.logs_dir() / "workers.log";
-    WorkerPool pool(popts);
-    auto r = pool.call({{"op", "plots"}, {"args", {{"stats", stats}, {"out_dir", (dir / "stats").string()}}}});
-    OPFORGE_CHECK(r.outcome == Outcome::ok && r.reply.value("ok", false),
-                  "drawing the stats plots failed ({} {}: {}); is matplotlib in the venv? pass --no-plots to skip them",
-                  outcome_name(r.outcome), r.reason, r.reply.value("message", ""));
-  }
+  if (opts.format == "jsonl") write_bytes(dir / "README.md", card_of(opts, sum, manifest));
+  if (opts.plots) draw_plots(ws, stats, dir);
   publish(dir, opts.out);
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return sum;
