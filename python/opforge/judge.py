@@ -21,6 +21,7 @@ rewrites before every call, and hands back outputs only as bytes in shared memor
 3. eval_baselines: the task's own Model (eager, then torch.compile) in children of the same kind,
    timed with the same protocol, so the per-call overhead of the crossing is in both figures.
 """
+import hashlib
 import json
 import os
 import random
@@ -400,6 +401,7 @@ class Session:
                    out_specs=self.out_specs)
 
     def _init(self, ref_mod, ref, seed):
+        seed = init_seed(seed)  # what crosses: the input sets' seed cannot be recovered from it
         T.seed_everything(seed)
         init = ref_mod.get_init_inputs()
         state = ref.state_dict()
@@ -593,10 +595,12 @@ class _Timer:
     kept) is wrong. Nothing is asked of the child between the writes and the clock's start: it
     cannot compute a call's inputs untimed (docs/architecture.md, "The judge")."""
 
-    def __init__(self, sess, ref, draw, atol, rtol, seed, strict=False):
+    def __init__(self, sess, ref, draw, atol, rtol, strict=False):
         self.sess, self.ref, self.draw, self.atol, self.rtol = sess, ref, draw, atol, rtol
         self.strict, self.runs, self.child_ms = strict, 0, []
-        self.rng = random.Random(seed)
+        # Fresh entropy, not the run's seed: which calls are read back and what their inputs are
+        # must not be computable by the child from anything it was told.
+        self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
         self.current, self.fetch_ms, self.sampled, self.wrong = None, [], 0, None
 
     def _fresh(self):
@@ -707,6 +711,13 @@ def device_name(device):
     return "cpu"
 
 
+def init_seed(seed):
+    """The seed both models are built with (sent to the child for ModelNew): one-way from the
+    run's seed, so the child cannot recompute the judge's input sets from it."""
+    digest = hashlib.sha256(f"opforge-init-seed:{seed}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
 def _draw(ref_mod, device, seed):
     """An input set made on the device itself (a GiB of CPU randn per set would dominate a GPU
     evaluation); the seed is the judge's and never crosses to the child."""
@@ -717,7 +728,7 @@ def _draw(ref_mod, device, seed):
 def _reference_and_sets(task_code, device, seed, n):
     try:
         ref_mod = T.load_module(task_code, name="opforge_reference")
-        ref = T.build(ref_mod, device, seed=seed).eval()
+        ref = T.build(ref_mod, device, seed=init_seed(seed)).eval()
         sets = [_draw(ref_mod, device, seed + 1 + k) for k in range(n)]
     except T.TaskError as e:
         raise Verdict("task_error", f"the reference task failed: {e.reason}: {e}") from None
@@ -765,7 +776,7 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
             with timing.shared(timing.check_lock(timing_lock, device)):
                 result["max_error"] = _check_all(sess, ref, sets[:correct_trials], policy == "strict", atol, rtol,
                                                  result["flags"])
-            timer = _Timer(sess, ref, _drawer(ref_mod, device, sets[0]), atol, rtol, seed, strict=policy == "strict")
+            timer = _Timer(sess, ref, _drawer(ref_mod, device, sets[0]), atol, rtol, strict=policy == "strict")
             result["candidate"] = timer.run(trials, budget_s, timing_lock)
             if device.startswith("cuda"):
                 _profile(sess, timer, result, policy == "strict", timing_lock)
@@ -829,7 +840,7 @@ def _baseline(task_code, ref_mod, ref, sets, expected0, compile_, launch, log, d
         with timing.shared(timing.check_lock(lock, device)):
             # Warms up (and for torch.compile compiles) beside other checks, not in a timed region.
             _check_set(sess, ref, sets[0], "the first input set", False, 1e-2, 1e-2)
-        return _Timer(sess, ref, _drawer(ref_mod, device, sets[0]), 1e-2, 1e-2, seed).run(trials, budget_s, lock)
+        return _Timer(sess, ref, _drawer(ref_mod, device, sets[0]), 1e-2, 1e-2).run(trials, budget_s, lock)
     finally:
         if sess is not None:
             sess.close()
