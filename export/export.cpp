@@ -179,13 +179,14 @@ json write_shards(const fs::path& dir, const std::vector<Record>& recs, const Ex
     if (part.empty() && !(split == "train" && recs.empty())) continue;  // an empty dataset: one empty train shard
     long n = static_cast<long>(part.size()), n_shards = std::max<long>(1, (n + opts.shard_size - 1) / opts.shard_size);
     for (long s = 0; s < n_shards; ++s) {
+      const long first = s * opts.shard_size, end = std::min(n, first + opts.shard_size);
       std::string text;
-      for (long i = s * opts.shard_size; i < std::min(n, (s + 1) * opts.shard_size); ++i) text += part[i]->row.dump() + "\n";
+      for (long i = first; i < end; ++i) text += part[i]->row.dump() + "\n";
       std::string name = fmt::format("ops-{}-{:05d}-of-{:05d}.jsonl{}", split, s, n_shards, opts.gzip ? ".gz" : "");
       std::string bytes = opts.gzip ? gzip_bytes(text) : text;
       write_bytes(dir / name, bytes);
-      files.push_back({{"file", name}, {"split", split}, {"records", std::min(n, (s + 1) * opts.shard_size) - s * opts.shard_size},
-                       {"xxh3", xxh3_hex(bytes)}, {"bytes", bytes.size()}});
+      files.push_back({{"file", name}, {"split", split}, {"records", end - first}, {"xxh3", xxh3_hex(bytes)},
+                       {"bytes", bytes.size()}});
     }
   }
   return files;

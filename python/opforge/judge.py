@@ -566,8 +566,8 @@ def _check_all(sess, ref, sets, strict, atol, rtol, flags):
 SPIN_S = 0.05  # how long the judge polls for a timed call's answer before sleeping (GPU only)
 
 
-def _spin(device, ms=0.0):
-    return SPIN_S + ms / 1e3 if str(device).startswith("cuda") else 0.0
+def _spin(device):
+    return SPIN_S if str(device).startswith("cuda") else 0.0
 
 
 def _drawer(ref_mod, device, first):
@@ -726,19 +726,18 @@ def _draw(ref_mod, device, seed):
 
 
 def _reference_and_sets(task_code, device, seed, n):
+    """(reference module, model, n checked input sets, the first set's expected outputs, the
+    drawer of every later set: _drawer, which holds them to the first set's shapes)."""
     try:
         ref_mod = T.load_module(task_code, name="opforge_reference")
         ref = T.build(ref_mod, device, seed=init_seed(seed)).eval()
-        sets = [_draw(ref_mod, device, seed + 1 + k) for k in range(n)]
+        first = _draw(ref_mod, device, seed + 1)
     except T.TaskError as e:
         raise Verdict("task_error", f"the reference task failed: {e.reason}: {e}") from None
-    shapes = [[(tuple(x.shape), x.dtype) for x in s if isinstance(x, torch.Tensor)] for s in sets]
-    if any(s != shapes[0] for s in shapes):
-        raise Verdict("task_error", "get_inputs() returns tensors of other shapes from one call to the next")
-    # Non-tensor inputs cross once, when the child binds: every set uses the first set's.
-    sets = [[x if isinstance(x, torch.Tensor) else y for x, y in zip(s, sets[0])] for s in sets]
+    draw = _drawer(ref_mod, device, first)
+    sets = [first] + [draw(seed + 1 + k) for k in range(1, n)]
     try:
-        return ref_mod, ref, sets, _expected(ref, sets[0])
+        return ref_mod, ref, sets, _expected(ref, sets[0]), draw
     except T.TaskError as e:
         raise Verdict("task_error", f"the reference's output: {e}") from None
 
@@ -764,7 +763,8 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
     child = sess = None
     with open(log_path or os.devnull, "ab") as log:
         try:
-            ref_mod, ref, sets, expected0 = _reference_and_sets(task_code, device, seed, max(2, correct_trials))
+            ref_mod, ref, sets, expected0, draw = _reference_and_sets(task_code, device, seed,
+                                                                      max(2, correct_trials))
             child, t1 = _start(launch, log, timeout_s, device, result)
             entries, refs = _artifact_entries(artifacts)
             _ship(child, "load", "importing the solution", _solution_files(solution_dir) + entries, entry=entry,
@@ -776,7 +776,7 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
             with timing.shared(timing.check_lock(timing_lock, device)):
                 result["max_error"] = _check_all(sess, ref, sets[:correct_trials], policy == "strict", atol, rtol,
                                                  result["flags"])
-            timer = _Timer(sess, ref, _drawer(ref_mod, device, sets[0]), atol, rtol, strict=policy == "strict")
+            timer = _Timer(sess, ref, draw, atol, rtol, strict=policy == "strict")
             result["candidate"] = timer.run(trials, budget_s, timing_lock)
             if device.startswith("cuda"):
                 _profile(sess, timer, result, policy == "strict", timing_lock)
@@ -830,7 +830,7 @@ def _with_inductor_cache(launch, cache_dir):
     return {**launch, "spec": spec}
 
 
-def _baseline(task_code, ref_mod, ref, sets, expected0, compile_, launch, log, device, trials, budget_s, seed,
+def _baseline(task_code, ref_mod, ref, sets, expected0, draw, compile_, launch, log, device, trials, budget_s, seed,
               lock, timeout_s):
     child = Child(launch, log, timeout_s=timeout_s)
     sess = None
@@ -840,7 +840,7 @@ def _baseline(task_code, ref_mod, ref, sets, expected0, compile_, launch, log, d
         with timing.shared(timing.check_lock(lock, device)):
             # Warms up (and for torch.compile compiles) beside other checks, not in a timed region.
             _check_set(sess, ref, sets[0], "the first input set", False, 1e-2, 1e-2)
-        return _Timer(sess, ref, _drawer(ref_mod, device, sets[0]), 1e-2, 1e-2).run(trials, budget_s, lock)
+        return _Timer(sess, ref, draw, 1e-2, 1e-2).run(trials, budget_s, lock)
     finally:
         if sess is not None:
             sess.close()
@@ -857,8 +857,7 @@ def eval_baselines(task_code, launch, device="cpu", trials=100, budget_s=10.0, s
     out = {"eager": None, "compile": None, "detail": "", "device_name": device_name(device), "torch": torch.__version__}
     with open(log_path or os.devnull, "ab") as log:
         try:
-            ref_mod, ref, sets, expected0 = _reference_and_sets(task_code, device, seed, max(2, correct_trials))
-            args = (ref_mod, ref, sets, expected0)
+            args = _reference_and_sets(task_code, device, seed, max(2, correct_trials))
             out["eager"] = _baseline(task_code, *args, False, launch, log, device, trials, budget_s, seed, lock,
                                      timeout_s)
             try:
