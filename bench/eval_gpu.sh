@@ -13,6 +13,7 @@
 #              not only the guard)
 #   repeat_N   the elementwise solution in 3 processes: spread of the candidate medians against 1%
 #   throughput 64 solution files (8 distinct extension sources x 8 copies) of elementwise_chain
+# RUNS="all allowed repeat throughput" (the default) picks which; THROUGHPUT=0 drops the last.
 set -euo pipefail
 bin=${OPFORGE:-./build/opforge}
 fx=tests/fixtures/eval_gpu
@@ -57,12 +58,15 @@ if [ -n "${KB:-}" ] && [ -d "$KB/hacks" ]; then
     for d in all hk; do cp "$KB/tasks/$n.py" "$tmp/$d/tasks/"; cp "$e" "$tmp/$d/sols/"; done
   done
 fi
-run_eval all "$tmp/all/tasks" "$tmp/all/sols"
-run_eval allowed "$tmp/hk/tasks" "$tmp/hk/sols" --policy torch-allowed
+runs=" ${RUNS:-all allowed repeat throughput} "
+[ "${THROUGHPUT:-1}" = 1 ] || runs=${runs/ throughput / }
+want() { [[ $runs == *" $1 "* ]]; }
+want all && run_eval all "$tmp/all/tasks" "$tmp/all/sols"
+want allowed && run_eval allowed "$tmp/hk/tasks" "$tmp/hk/sols" --policy torch-allowed
 mkdir -p "$tmp/rep/sols" "$tmp/rep/tasks"
 cp "$fx/solutions/elementwise_chain.py" "$tmp/rep/sols/" && cp "$fx/tasks/elementwise_chain.py" "$tmp/rep/tasks/"
-for i in 1 2 3; do run_eval "repeat_$i" "$tmp/rep/tasks" "$tmp/rep/sols"; done
-if [ "${THROUGHPUT:-1}" = 1 ]; then
+if want repeat; then for i in 1 2 3; do run_eval "repeat_$i" "$tmp/rep/tasks" "$tmp/rep/sols"; done; fi
+if want throughput; then
   mkdir -p "$tmp/tp/sols" "$tmp/tp/tasks"
   for i in 0 1 2 3 4 5 6 7; do
     for j in 0 1 2 3 4 5 6 7; do

@@ -47,7 +47,7 @@ def table(out, run, exp):
               f"{f3(r.get('candidate_ms')):>8} {f3(r.get('eager_ms')):>8} {f3(r.get('compile_ms')):>8} "
               f"{f3(r.get('speedup_eager')):>7} {r['reward']:>3} {'PASS' if ok else 'FAIL':<5} "
               f"{f3(r.get('dispatch_s')):>6} {f3(r.get('cold_start_s')):>6} {f3(prof.get('judge_over_kernels')):>6} "
-              f"{','.join(r['flags'])}")
+              f"b{((r.get('timing') or {}).get('candidate') or {}).get('batch', '-')} {','.join(r['flags'])}")
         if not ok:
             print(f"{'':<9}detail: {r['detail'][:300]}")
     return bad
@@ -67,10 +67,15 @@ def phase_seconds(log):
 def main(out, fx):
     exp = expected(fx)
     print(f"{'run':<8} {'task':<44} {'reason':<22} {'expected':<18} {'cand ms':>8} {'eager':>8} {'compile':>8} "
-          f"{'x eager':>7} {'rwd':>3} {'':<5} {'disp s':>6} {'cold s':>6} {'judge/kern':>6} flags")
+          f"{'x eager':>7} {'rwd':>3} {'':<5} {'disp s':>6} {'cold s':>6} {'judge/kern':>6} batch flags")
     bad = sum(table(out, run, exp) for run in ("all", "allowed"))
     sandboxes = {r.get("sandbox") for run in ("all", "allowed") for r in rows(out, run) or []}
     print("sandbox of the rows:", sandboxes)
+    for r in rows(out, "all") or []:
+        ratio = (r.get("profile") or {}).get("judge_over_kernels")
+        if r.get("correct") and isinstance(ratio, (int, float)):
+            print(f"judge vs profiler kernels, {r['solution']}: {ratio:.3f} "
+                  f"({'PASS' if abs(ratio - 1) <= 0.05 else 'FAIL'} against 5%)")
     meds = [r["candidate_ms"] for i in (1, 2, 3) for r in rows(out, f"repeat_{i}") or [] if r.get("candidate_ms")]
     if len(meds) == 3:
         spread = (max(meds) - min(meds)) / statistics.median(meds)

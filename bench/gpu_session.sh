@@ -58,7 +58,7 @@ case $step in
     { PYTHONPATH=python $P -m opforge.devshm --selftest; PYTHONPATH=python $P -m opforge.devshm --selftest --bwrap; \
       $B sandbox-exec --probe --gpu; } 2>&1 | tee "$OUT/devshm.txt"
     stamp "eval bench"
-    CUDA_VISIBLE_DEVICES=0 OPFORGE=$B KB=${KB:-.kb} THROUGHPUT=${THROUGHPUT:-1} timeout "${EVAL_TIMEOUT:-420}" \
+    CUDA_VISIBLE_DEVICES=0 OPFORGE=$B KB=${KB:-.kb} THROUGHPUT=${THROUGHPUT:-1} RUNS=${RUNS:-all allowed repeat throughput} timeout "${EVAL_TIMEOUT:-420}" \
       bash bench/eval_gpu.sh /tmp/evg > "$OUT/eval.txt" 2>&1
     cat "$OUT/eval.txt"
     tar czf "$OUT/eval_reports.tgz" -C /tmp/evg --exclude cache . 2> /dev/null

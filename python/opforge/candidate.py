@@ -50,7 +50,7 @@ class State:
         self.module = None
         self.model_cls = None
         self.model = None
-        self.args = None
+        self.slots = []  # one argument list per input slot of the judge's arena (slot 0: checked calls)
         self.out_views = None
         self.last = None
         self.calls = None
@@ -250,11 +250,15 @@ def op_init(st, msg, fds):
 
 
 def op_bind(st, msg, fds):
+    """The judge's arenas: inputs in one or more slots (a timed batch runs one call per slot),
+    one output slot. A later bind adds slots; the arenas bound before stay mapped, since the
+    solution may still hold views of them."""
     ins = shm.open_arena(msg["arena_kind"], fds[0], int(msg["in_bytes"]), st.device)
     out = shm.open_arena(msg["arena_kind"], fds[1], int(msg["out_bytes"]), st.device)
-    st.keep = [ins, out]
-    tensors = [ins.tensor(s) for s in msg["specs"]]
-    st.args = shm.decode(msg["inputs"], tensors)
+    st.keep += [ins, out]
+    st.slots = [shm.decode(msg["inputs"], [ins.tensor(s) for s in specs]) for specs in msg["slot_specs"]]
+    if not st.slots:
+        raise Refused("protocol_error", "bind without an input slot")
     st.out_views = [out.tensor(s) for s in msg["out_specs"]]
     return {}
 
@@ -265,9 +269,15 @@ def _sync():
         torch.cuda.synchronize()
 
 
-def _forward(st):
+def _batch(st, n):
+    """n calls, one per input slot, launched back to back and synchronised once: the judge's
+    clock is around the whole batch (docs/architecture.md, "The judge")."""
+    if not 1 <= n <= len(st.slots):
+        raise Refused("protocol_error", f"a batch of {n} calls over {len(st.slots)} input slots")
     with torch.no_grad():
-        return st.model(*st.args)
+        outs = [st.model(*args) for args in st.slots[:n]]
+    _sync()
+    return outs
 
 
 def _checked_forward(st):
@@ -280,7 +290,7 @@ def _checked_forward(st):
     with _cpu_profiler() as prof:
         try:
             with torch.no_grad(), guard:
-                out = st.model(*st.args)
+                out = st.model(*st.slots[0])
         except (Exception, SystemExit) as e:  # noqa: BLE001
             out, error = None, e
         pending = _pending_ms()
@@ -350,20 +360,20 @@ def _publish(st, out):
 
 
 def op_run(st, msg, fds):
-    st.last = None  # the previous output's memory is free for this call
+    st.last = []  # the previous outputs' memory is free for these calls
     if msg.get("mode") == "check":
         out, error, evidence = _checked_forward(st)
         if error is not None:
             return {"error": f"{type(error).__name__}: {str(error)[:1500]}", "evidence": evidence}
-        st.last = out
+        st.last = [out]
         reply = {"evidence": evidence}
     else:
+        n = int(msg.get("batch", 1))
         t0 = time.perf_counter()
-        st.last = _forward(st)
-        _sync()
-        reply = {"child_ms": (time.perf_counter() - t0) * 1e3}  # advisory: where the judge's time goes
+        st.last = _batch(st, n)
+        reply = {"child_ms": (time.perf_counter() - t0) * 1e3 / n}  # advisory: where the judge's time goes
     if msg.get("fetch"):
-        reply.update(_publish(st, st.last))
+        reply.update(_publish(st, st.last[0]))
     return reply
 
 
@@ -406,7 +416,11 @@ def op_profile(st, msg, fds):
 
 
 def op_fetch(st, msg, fds):
-    return _publish(st, st.last)
+    """The output of call `slot` of the last batch, into the output arena."""
+    k = int(msg.get("slot", 0))
+    if not 0 <= k < len(st.last or []):
+        raise Refused("protocol_error", f"fetch of call {k}: the last run made {len(st.last or [])}")
+    return _publish(st, st.last[k])
 
 
 def op_warm(st, msg, fds):

@@ -23,6 +23,7 @@ rewrites before every call, and hands back outputs only as bytes in shared memor
 """
 import hashlib
 import json
+import math
 import os
 import random
 import shutil
@@ -388,17 +389,35 @@ class Session:
         self.last_pending = None
         self.sets = sets  # the judge's input sets (tensors on device)
         self._init(ref_mod, ref, seed)
-        self.in_specs, in_bytes = shm.layout([t for t in sets[0] if isinstance(t, torch.Tensor)])
+        self.in_specs, self.slot_bytes = shm.layout([t for t in sets[0] if isinstance(t, torch.Tensor)])
         self.out_specs, out_bytes = shm.layout(expected0)
-        self.ins = shm.create_arena(in_bytes, device)
         self.outs = shm.create_arena(out_bytes, device)
-        self.in_views = [self.ins.tensor(s) for s in self.in_specs]
         self.out_views = [self.outs.tensor(s) for s in self.out_specs]
-        tensors = []
-        encoded = shm.encode(list(sets[0]), tensors)
-        child.must("bind", "binding inputs", fds=[self.ins.fd, self.outs.fd], arena_kind=shm.arena_kind(self.ins),
-                   in_bytes=self.ins.nbytes, out_bytes=self.outs.nbytes, inputs=encoded, specs=self.in_specs,
-                   out_specs=self.out_specs)
+        self.encoded = shm.encode(list(sets[0]), [])
+        self.ins, self.slot_views = None, []
+        self.bind(1)
+
+    def bind(self, slots):
+        """An input arena of `slots` input sets side by side (slot 0 for checked calls, one slot
+        per call of a timed batch), bound in the child in place of the previous one."""
+        ins = shm.create_arena(self.slot_bytes * slots, self.device)
+        specs = [[{**s, "offset": s["offset"] + k * self.slot_bytes} for s in self.in_specs] for k in range(slots)]
+        views = [[ins.tensor(s) for s in ss] for ss in specs]
+        try:
+            self.child.must("bind", "binding inputs", fds=[ins.fd, self.outs.fd], arena_kind=shm.arena_kind(ins),
+                            in_bytes=ins.nbytes, out_bytes=self.outs.nbytes, inputs=self.encoded, slot_specs=specs,
+                            out_specs=self.out_specs)
+        except BaseException:
+            del views
+            ins.close()
+            raise
+        old, self.ins, self.slot_views = self.ins, ins, views
+        if old is not None:
+            old.close()
+
+    @property
+    def slots(self):
+        return len(self.slot_views)
 
     def _init(self, ref_mod, ref, seed):
         seed = init_seed(seed)  # what crosses: the input sets' seed cannot be recovered from it
@@ -418,20 +437,30 @@ class Session:
             if arena is not None:
                 arena.close()
 
-    def write(self, values, sync=True):
-        """The judge's inputs into the shared arena; on CUDA the copy is finished before the call
+    def write(self, values, slot=0, sync=True):
+        """The judge's inputs into an input slot; on CUDA the copy is finished before the call
         (unless the caller synchronises later itself)."""
-        for v, t in zip(self.in_views, [x for x in values if isinstance(x, torch.Tensor)]):
+        for v, t in zip(self.slot_views[slot], [x for x in values if isinstance(x, torch.Tensor)]):
             v.copy_(t)
         if sync:
             timing.sync(self.device)
 
-    def poison(self):
-        for v in self.out_views:
+    @staticmethod
+    def _fill_poison(views):
+        for v in views:
             if v.is_floating_point() or v.is_complex():
                 v.fill_(float("nan"))
             else:
                 v.fill_(-1 if v.dtype != torch.bool else True)
+
+    def poison(self):
+        self._fill_poison(self.out_views)
+        timing.sync(self.device)
+
+    def poison_inputs(self):
+        """Every input slot overwritten: an output computed from them from now on is wrong."""
+        for views in self.slot_views:
+            self._fill_poison(views)
         timing.sync(self.device)
 
     def read(self):
@@ -440,10 +469,11 @@ class Session:
 
     def inputs_intact(self, values):
         timing.sync(self.device)
-        return all(torch.equal(v, t) for v, t in zip(self.in_views, [x for x in values if isinstance(x, torch.Tensor)]))
+        return all(torch.equal(v, t) for v, t in zip(self.slot_views[0],
+                                                     [x for x in values if isinstance(x, torch.Tensor)]))
 
     def close(self):
-        del self.in_views, self.out_views
+        del self.slot_views, self.out_views
         self.ins.close()
         self.outs.close()
 
@@ -588,12 +618,37 @@ def _drawer(ref_mod, device, first):
     return draw
 
 
+BATCH_MS = {"cuda": 20.0, "cpu": 2.0}  # the device time a timed batch aims at (its fixed cost shrinks per call)
+MAX_BATCH = 64
+MIN_BATCHES = 10  # timed batches at least, whatever --trials says: the median needs a few
+SLOT_BUDGET_CPU = 1 << 30  # host bytes the input slots and the child's outputs of one batch may take
+
+
+def _slot_budget(device):
+    """Bytes one batch may hold (input slots plus the outputs the child keeps): 40% of the
+    device's free memory, since the child's own workspace and the judge's draws share it."""
+    if str(device).startswith("cuda"):
+        return torch.cuda.mem_get_info(torch.device(device))[0] * 2 // 5
+    return SLOT_BUDGET_CPU
+
+
+def batch_size(call_ms, footprint, device):
+    """Calls per timed batch: enough that the batch lasts about BATCH_MS, as memory allows (every
+    call has an input slot of its own and its output is kept until the batch is read back)."""
+    target = BATCH_MS["cuda" if str(device).startswith("cuda") else "cpu"]
+    k = min(MAX_BATCH, math.ceil(target / max(call_ms, 1e-3)))
+    return max(1, min(k, _slot_budget(device) // max(1, footprint)))
+
+
 class _Timer:
-    """The judge's side of time_calls. Before each call a fresh input set (_drawer) is written and
-    the L2 flushed; for a random sample of calls the output is read back after the inputs were
-    overwritten and poisoned, so an output the child computes only when asked (or from inputs it
-    kept) is wrong. Nothing is asked of the child between the writes and the clock's start: it
-    cannot compute a call's inputs untimed (docs/architecture.md, "The judge")."""
+    """The judge's side of time_calls, in batches: before each batch a fresh input set (_drawer)
+    is written into every slot and the L2 flushed; the child runs one call per slot back to back
+    and synchronises once, and the judge's clock is around the whole batch, so the fixed cost of
+    a crossing is shared by the batch's calls. For a random sample of calls the output is read
+    back after every input slot was overwritten and the output arena poisoned, so an output the
+    child computes only when asked (or from inputs it kept) is wrong. Nothing is asked of the
+    child between the writes and the clock's start: it cannot compute a call untimed
+    (docs/architecture.md, "The judge")."""
 
     def __init__(self, sess, ref, draw, atol, rtol, strict=False):
         self.sess, self.ref, self.draw, self.atol, self.rtol = sess, ref, draw, atol, rtol
@@ -601,10 +656,7 @@ class _Timer:
         # Fresh entropy, not the run's seed: which calls are read back and what their inputs are
         # must not be computable by the child from anything it was told.
         self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
-        self.current, self.fetch_ms, self.sampled, self.wrong = None, [], 0, None
-
-    def _fresh(self):
-        return self.draw(self.rng.getrandbits(62))
+        self.current, self.fetch_ms, self.sampled, self.wrong = [], [], 0, None
 
     def _watched(self):
         """Under strict, timed calls are held to the policy as checked ones are: what the observer
@@ -620,15 +672,20 @@ class _Timer:
                                        "the timed output did not come from its kernels")
 
     def before(self, _i):
-        values, dev = self._fresh(), self.sess.device
-        self.current = values
-        self.sess.write(values, sync=False)
+        # Only the seeds are kept (a sampled call's inputs are drawn again to judge it): the
+        # judge holds no second copy of a batch's inputs, so the batch may be longer.
+        dev = self.sess.device
+        self.current = [self.rng.getrandbits(62) for _ in range(self.sess.slots)]
+        for k, seed in enumerate(self.current):
+            self.sess.write(self.draw(seed), slot=k, sync=False)
         timing.flush_l2(dev)
         timing.sync(dev)
 
     def call(self):
-        self.runs += 1
-        reply = self.sess.child.ask("run", "a timed call of ModelNew", mode="time", spin_s=_spin(self.sess.device))
+        n = self.sess.slots
+        self.runs += n
+        reply = self.sess.child.ask("run", "a timed batch of ModelNew", mode="time", batch=n,
+                                    spin_s=_spin(self.sess.device))
         if not reply.get("ok") or "error" in reply:
             raise Verdict(reply.get("reason") or "runtime_error",
                           f"while timing ModelNew: {reply.get('error') or reply.get('detail')}")
@@ -636,24 +693,45 @@ class _Timer:
             self.child_ms.append(float(reply["child_ms"]))  # the child's own figure: evidence only
 
     def after(self, i, force=False):
-        if not force and (i < 0 or self.rng.random() >= SAMPLE_RATE):
+        picks = [k for k in range(self.sess.slots) if i >= 0 and self.rng.random() < SAMPLE_RATE]
+        if force and not picks:
+            picks = [self.rng.randrange(self.sess.slots)]
+        if not picks:
             return
-        used = self.current
-        self.sess.write(self._fresh())
-        self.sess.poison()
-        t0 = time.perf_counter()
-        self.sess.child.must("fetch", "reading back a timed call's output")
-        self.fetch_ms.append((time.perf_counter() - t0) * 1e3)
-        ok, err = _close(self.sess.read(), _expected(self.ref, used), self.atol, self.rtol)
-        self.sampled += 1
-        if not ok and self.wrong is None:
-            self.wrong = err
+        self.sess.poison_inputs()
+        for k in picks:
+            self.sess.poison()
+            t0 = time.perf_counter()
+            self.sess.child.must("fetch", "reading back a timed call's output", slot=k)
+            self.fetch_ms.append((time.perf_counter() - t0) * 1e3)
+            ok, err = _close(self.sess.read(), _expected(self.ref, self.draw(self.current[k])), self.atol, self.rtol)
+            self.sampled += 1
+            if not ok and self.wrong is None:
+                self.wrong = err
+
+    def _calibrate(self, lock):
+        """Single calls (also the warm-up) give the call's time, and so the batch size; the
+        inputs are then rebound with a slot per call of a batch."""
+        times = []
+        with timing.exclusive(lock):
+            for _ in range(3):
+                self.before(-1)
+                t0 = time.perf_counter()
+                self.call()
+                times.append((time.perf_counter() - t0) * 1e3)
+        k = batch_size(min(times), self.sess.slot_bytes + sum(t.numel() * t.element_size()
+                                                                for t in self.sess.out_views), self.sess.device)
+        if k > 1:
+            self.sess.bind(k)
+        return k
 
     def run(self, trials, budget_s, lock):
         if self.strict:
             self.sess.child.must("watch", "starting the observer of timed calls", action="start")
-        stats = timing.time_calls(self.call, self.sess.device, trials=trials, budget_s=budget_s, lock_path=lock,
-                                  before=self.before, after=self.after)
+        k = self._calibrate(lock)
+        batches = max(MIN_BATCHES, math.ceil(trials / k))
+        stats = timing.time_calls(self.call, self.sess.device, warmup=1, trials=batches, budget_s=budget_s,
+                                  lock_path=lock, before=self.before, after=self.after, per_call=k)
         self.before(-1)  # and always one more, read back
         self.call()
         self.after(0, force=True)
@@ -663,7 +741,7 @@ class _Timer:
         if self.strict:
             self._watched()
         stats.update({"sampled_calls": self.sampled, "fetch_median_ms": _median(self.fetch_ms),
-                      "clock": "judge wall clock", "child_median_ms": _median(self.child_ms)})
+                      "clock": "judge wall clock", "child_median_ms": _median(self.child_ms), "batch": k})
         return stats
 
 
@@ -673,15 +751,16 @@ def _median(xs):
 
 
 def _profile(sess, timer, result, strict, lock, calls=5):
-    """A separate pass under the child's CUDA profiler, the calls prepared exactly as timed ones:
+    """A separate pass under the child's CUDA profiler, the batches prepared exactly as timed ones:
     the share of GPU time in the solution's own kernels, in the allowed libraries and in torch's
     (evidence); under strict, a torch compute kernel is a fallback."""
+    batches = max(1, math.ceil(calls / sess.slots))
     with timing.exclusive(lock):
         sess.child.must("profile", "starting the profiler", action="start")
-        for _ in range(calls):
+        for _ in range(batches):
             timer.before(-1)
             timer.call()
-        reply = sess.child.ask("profile", "profiling ModelNew", action="stop", calls=calls)
+        reply = sess.child.ask("profile", "profiling ModelNew", action="stop", calls=batches * sess.slots)
     if not reply.get("ok"):
         result["flags"].append("no_profile")
         return
