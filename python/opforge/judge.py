@@ -594,6 +594,7 @@ def _check_all(sess, ref, sets, strict, atol, rtol, flags):
 
 
 SPIN_S = 0.05  # how long the judge polls for a timed call's answer before sleeping (GPU only)
+CHILD_SPIN_S = 0.25  # how long the child polls for the next timed request (the judge is drawing inputs)
 
 
 def _spin(device):
@@ -618,7 +619,7 @@ def _drawer(ref_mod, device, first):
     return draw
 
 
-BATCH_MS = {"cuda": 20.0, "cpu": 2.0}  # the device time a timed batch aims at (its fixed cost shrinks per call)
+BATCH_MS = {"cuda": 50.0, "cpu": 2.0}  # the device time a timed batch aims at (its fixed cost shrinks per call)
 MAX_BATCH = 64
 MIN_BATCHES = 10  # timed batches at least, whatever --trials says: the median needs a few
 SLOT_BUDGET_CPU = 1 << 30  # host bytes the input slots and the child's outputs of one batch may take
@@ -652,7 +653,7 @@ class _Timer:
 
     def __init__(self, sess, ref, draw, atol, rtol, strict=False):
         self.sess, self.ref, self.draw, self.atol, self.rtol = sess, ref, draw, atol, rtol
-        self.strict, self.runs, self.child_ms = strict, 0, []
+        self.strict, self.runs, self.child_ms, self.crossing_ms = strict, 0, [], []
         # Fresh entropy, not the run's seed: which calls are read back and what their inputs are
         # must not be computable by the child from anything it was told.
         self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
@@ -682,15 +683,24 @@ class _Timer:
         timing.sync(dev)
 
     def call(self):
-        n = self.sess.slots
+        n, spin = self.sess.slots, _spin(self.sess.device)
         self.runs += n
-        reply = self.sess.child.ask("run", "a timed batch of ModelNew", mode="time", batch=n,
-                                    spin_s=_spin(self.sess.device))
+        sent = time.perf_counter()
+        reply = self.sess.child.ask("run", "a timed batch of ModelNew", mode="time", batch=n, spin_s=spin,
+                                    then_spin=CHILD_SPIN_S if spin else None)
+        back = time.perf_counter()
         if not reply.get("ok") or "error" in reply:
             raise Verdict(reply.get("reason") or "runtime_error",
                           f"while timing ModelNew: {reply.get('error') or reply.get('detail')}")
-        if isinstance(reply.get("child_ms"), (int, float)):
-            self.child_ms.append(float(reply["child_ms"]))  # the child's own figure: evidence only
+        self._advice(reply, sent, back)
+
+    def _advice(self, reply, sent, back):
+        """The child's own figures (evidence only, never the time): its time per call, and how
+        long the request took to reach its clock and the answer to come back."""
+        nums = [reply.get(k) for k in ("child_ms", "t0", "t1")]
+        if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in nums):
+            self.child_ms.append(float(nums[0]))
+            self.crossing_ms.append(((nums[1] - sent) * 1e3, (back - nums[2]) * 1e3))
 
     def after(self, i, force=False):
         picks = [k for k in range(self.sess.slots) if i >= 0 and self.rng.random() < SAMPLE_RATE]
@@ -702,7 +712,8 @@ class _Timer:
         for k in picks:
             self.sess.poison()
             t0 = time.perf_counter()
-            self.sess.child.must("fetch", "reading back a timed call's output", slot=k)
+            self.sess.child.must("fetch", "reading back a timed call's output", slot=k,
+                                 then_spin=CHILD_SPIN_S if _spin(self.sess.device) else None)
             self.fetch_ms.append((time.perf_counter() - t0) * 1e3)
             ok, err = _close(self.sess.read(), _expected(self.ref, self.draw(self.current[k])), self.atol, self.rtol)
             self.sampled += 1
@@ -726,9 +737,12 @@ class _Timer:
         return k
 
     def run(self, trials, budget_s, lock):
+        k = self._calibrate(lock)
+        # The observer starts after the rebind (making shared-memory views is torch work of the
+        # harness's own); the calibration calls decide only the batch size.
+        self.runs = 0
         if self.strict:
             self.sess.child.must("watch", "starting the observer of timed calls", action="start")
-        k = self._calibrate(lock)
         batches = max(MIN_BATCHES, math.ceil(trials / k))
         stats = timing.time_calls(self.call, self.sess.device, warmup=1, trials=batches, budget_s=budget_s,
                                   lock_path=lock, before=self.before, after=self.after, per_call=k)
@@ -741,7 +755,9 @@ class _Timer:
         if self.strict:
             self._watched()
         stats.update({"sampled_calls": self.sampled, "fetch_median_ms": _median(self.fetch_ms),
-                      "clock": "judge wall clock", "child_median_ms": _median(self.child_ms), "batch": k})
+                      "clock": "judge wall clock", "child_median_ms": _median(self.child_ms), "batch": k,
+                      "request_ms": _median([a for a, _ in self.crossing_ms]),
+                      "answer_ms": _median([b for _, b in self.crossing_ms])})
         return stats
 
 

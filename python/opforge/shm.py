@@ -10,6 +10,7 @@ arena's bounds. So whatever the child returns is bytes the judge reads itself: n
 subclass, overridden __eq__ or lazy object survives the crossing (docs/architecture.md, "The
 judge").
 """
+import array
 import json
 import mmap
 import os
@@ -45,6 +46,22 @@ def dtype_name(dtype):
 
 # ---------------------------------------------------------------------------------------------
 # Messages
+
+
+MAX_FDS = 16
+_FD_ARRAY = array.array("i")
+
+
+def _recv_fds(sock, flags=0):
+    """(data, fds, msg_flags): one message and the descriptors passed with it. Not
+    socket.recv_fds, which before Python 3.12 drops its flags argument (so MSG_DONTWAIT blocked)."""
+    data, ancdata, msg_flags, _ = sock.recvmsg(MAX_MESSAGE + 1, socket.CMSG_LEN(MAX_FDS * _FD_ARRAY.itemsize),
+                                               flags)
+    fds = array.array("i")
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    return data, list(fds), msg_flags
 
 
 class Channel:
@@ -87,7 +104,7 @@ class Channel:
             left = None if timeout is None else max(timeout - spin_s, 0.001)
             self.sock.settimeout(left)
             try:
-                got = socket.recv_fds(self.sock, MAX_MESSAGE + 1, 16)
+                got = _recv_fds(self.sock)
             except socket.timeout:
                 raise WireError("timeout", f"no answer within {timeout:.1f} s") from None
             except OSError as e:
@@ -100,7 +117,7 @@ class Channel:
         end = time.perf_counter() + spin_s
         while True:
             try:
-                return socket.recv_fds(self.sock, MAX_MESSAGE + 1, 16, socket.MSG_DONTWAIT)
+                return _recv_fds(self.sock, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 if time.perf_counter() > end:
                     return None
