@@ -39,6 +39,12 @@ void add_filter(CLI::App& app, Runner& run) {
   cmd->add_option("--memory-limit-mb", o->f.memory_limit_mb, "Resident memory limit per worker (default: 60% of RAM "
                                                              "shared by the workers)");
   cmd->add_option("--limit", o->f.limit, "Judge at most N candidates this run (0: all)")->capture_default_str();
+  cmd->add_option("--rejudge", o->f.rejudge,
+                  "Judge stored rejections with these reasons again (docs/reasons.md; `all` for every rejection); the "
+                  "verdicts they replace are kept in the row's history");
+  cmd->add_flag("--rejudge-stale", o->f.rejudge_stale,
+                "Judge again the verdicts made under another filter configuration (device, window, tolerances, trials, "
+                "calibration, filter version)");
   cmd->callback([&run, o] {
     run = [o] {
       o->f.calibrate = !o->no_calibrate;

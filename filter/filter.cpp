@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <functional>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -35,64 +36,92 @@ CREATE TABLE filter_results (
   judged_at      TEXT NOT NULL DEFAULT (datetime('now'))
 );
 CREATE INDEX filter_results_verdict ON filter_results(verdict, reason);
+)sql",
+                          // config: the hash of the filter configuration the verdict was made under (NULL:
+                          // before it was recorded); history: the verdicts it replaced (--rejudge).
+                          R"sql(
+ALTER TABLE filter_results ADD COLUMN config TEXT;
+ALTER TABLE filter_results ADD COLUMN history TEXT NOT NULL DEFAULT '[]';
 )sql"});
+}
+
+json config_of(const FilterOptions& o, const std::string& device) {
+  // Everything that changes a verdict; not the workers, limits or timeouts, which only decide
+  // whether a verdict is reached (and an environment failure is retried alone).
+  return {{"filter", kFilterVersion}, {"device", device}, {"min_ms", o.min_ms},  {"max_ms", o.max_ms},
+          {"calibrate", o.calibrate}, {"rtol", o.rtol},    {"atol", o.atol},      {"trials", o.trials}};
 }
 
 namespace {
 
-void record(Db& db, const std::string& id, const std::string& verdict, const std::string& reason,
-            const std::string& detail, const json& metrics, const json& ops, const std::string& code,
-            const json& calibration, const std::string& device) {
+struct Job {
+  std::string id, code;
+  json free_sizes;
+};
+
+struct Verdict {
+  std::string verdict, reason, detail, code;
+  json metrics = json::object(), ops = nullptr, calibration = json::array();
+};
+
+void record(Db& db, const std::string& id, const Verdict& v, const std::string& device, const std::string& config) {
   db.transaction([&] {
+    // The verdict this one replaces (a re-judged task) goes into its history, not away.
+    json history = json::array();
+    auto old = db.prepare(
+        "SELECT history, verdict, reason, config, judged_at FROM filter_results WHERE task_id = ?");
+    old.bind(1, id);
+    if (old.step()) {
+      history = json::parse(old.text(0));
+      history.push_back({{"verdict", old.text(1)},
+                         {"reason", old.is_null(2) ? json(nullptr) : json(old.text(2))},
+                         {"config", old.is_null(3) ? json(nullptr) : json(old.text(3))},
+                         {"judged_at", old.text(4)}});
+    }
     auto st = db.prepare(
         "INSERT OR REPLACE INTO filter_results(task_id, verdict, reason, detail, metrics, ops, code, calibration, "
-        "device) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)");
-    st.bind(1, id).bind(2, verdict);
-    if (reason.empty()) st.bind_null(3); else st.bind(3, reason);
-    st.bind(4, detail).bind(5, metrics.dump());
-    if (ops.is_null()) st.bind_null(6); else st.bind(6, ops.dump());
-    st.bind(7, code).bind(8, calibration.dump()).bind(9, device);
+        "device, config, history) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+    st.bind(1, id).bind(2, v.verdict);
+    if (v.reason.empty()) st.bind_null(3); else st.bind(3, v.reason);
+    st.bind(4, v.detail).bind(5, v.metrics.dump());
+    if (v.ops.is_null()) st.bind_null(6); else st.bind(6, v.ops.dump());
+    st.bind(7, v.code).bind(8, v.calibration.dump()).bind(9, device).bind(10, config).bind(11, history.dump());
     st.run();
   });
 }
 
-}  // namespace
-
-FilterSummary filter(Workspace& ws, const FilterOptions& opts) {
-  auto t0 = std::chrono::steady_clock::now();
-  Db& db = ws.db();
-  migrate(db);
-  FilterSummary sum;
-
-  std::string device = opts.device;
-  const std::vector<std::string> gpu_ids = device == "cpu" ? std::vector<std::string>{} : visible_gpus();
-  const int gpus = static_cast<int>(gpu_ids.size());
-  if (device == "auto") device = gpus > 0 ? "cuda" : "cpu";
-  OPFORGE_CHECK(device != "cuda" || gpus > 0, "--device cuda, but no NVIDIA GPU is visible (no /dev/nvidia*, or CUDA_VISIBLE_DEVICES hides them)");
-  int workers = opts.workers > 0 ? opts.workers : (device == "cuda" ? gpus * opts.workers_per_gpu : 2);
-
-  struct Job {
-    std::string id, code;
-    json free_sizes;
-  };
+// Candidates to judge: those without a verdict, and the stored verdicts --rejudge names.
+std::vector<Job> select_jobs(Db& db, const FilterOptions& opts, const std::string& config) {
   std::vector<Job> jobs;
-  {
-    auto st = db.prepare(
-        "SELECT t.id, t.code, json_extract(t.provenance, '$.free_sizes') FROM tasks t LEFT JOIN filter_results f "
-        "ON f.task_id = t.id WHERE f.task_id IS NULL ORDER BY t.created_at, t.id");
-    while (st.step()) {
-      json fs = st.is_null(2) ? json::array({"batch_size"}) : json::parse(st.text(2));
-      jobs.push_back({st.text(0), st.text(1), fs});
-      if (opts.limit > 0 && static_cast<int>(jobs.size()) >= opts.limit) break;
-    }
+  json reasons = opts.rejudge;
+  auto st = db.prepare(
+      "SELECT t.id, t.code, json_extract(t.provenance, '$.free_sizes') FROM tasks t LEFT JOIN filter_results f "
+      "ON f.task_id = t.id WHERE f.task_id IS NULL "
+      "OR (f.verdict = 'rejected' AND (f.reason IN (SELECT value FROM json_each(?1)) "
+      "    OR EXISTS (SELECT 1 FROM json_each(?1) WHERE value = 'all'))) "
+      "OR (?2 AND f.config IS NOT ?3) ORDER BY t.created_at, t.id");
+  st.bind(1, reasons.dump()).bind(2, static_cast<std::int64_t>(opts.rejudge_stale)).bind(3, config);
+  while (st.step()) {
+    json fs = st.is_null(2) ? json::array({"batch_size"}) : json::parse(st.text(2));
+    jobs.push_back({st.text(0), st.text(1), fs});
+    if (opts.limit > 0 && static_cast<int>(jobs.size()) >= opts.limit) break;
   }
-  if (jobs.empty()) {
-    spdlog::info("nothing to filter: every candidate has a verdict");
-    return sum;
-  }
+  return jobs;
+}
 
+void warn_stale(Db& db, const std::string& config) {
+  auto st = db.prepare("SELECT count(*) FROM filter_results WHERE config IS NOT ?");
+  st.bind(1, config);
+  st.step();
+  if (long n = st.int64(0); n > 0)
+    spdlog::warn("{} stored verdicts were made under another filter configuration (or before configurations were "
+                 "recorded) and are kept as they are; `opforge filter --rejudge-stale` judges them again", n);
+}
+
+WorkerPoolOptions pool_options(const FilterOptions& opts, const std::string& device,
+                               const std::vector<std::string>& gpu_ids, int workers, Workspace& ws) {
   WorkerPoolOptions popts;
-  popts.workers = std::min<int>(workers, static_cast<int>(jobs.size()));
+  popts.workers = workers;
   popts.timeout_s = opts.timeout_s;
   popts.memory_limit_mb = opts.memory_limit_mb;
   popts.log_file = ws.logs_dir() / "workers.log";
@@ -110,61 +139,134 @@ FilterSummary filter(Workspace& ws, const FilterOptions& opts) {
       env["TORCHINDUCTOR_COMPILE_THREADS"] = "1";
     }
   }
-  WorkerPool pool(popts);
+  return popts;
+}
 
-  std::vector<json> reqs;
-  for (auto& j : jobs) {
-    reqs.push_back({{"op", "judge"},
-                    {"args",
-                     {{"code", j.code},
-                      {"device", device},
-                      {"min_ms", opts.min_ms},
-                      {"max_ms", opts.max_ms},
-                      {"calibrate", opts.calibrate},
-                      {"free_sizes", j.free_sizes},
-                      {"rtol", opts.rtol},
-                      {"atol", opts.atol},
-                      {"trials", opts.trials},
-                      {"timing_lock", nullptr}}}});
+json judge_request(const Job& j, const FilterOptions& opts, const std::string& device) {
+  return {{"op", "judge"},
+          {"args",
+           {{"code", j.code},
+            {"device", device},
+            {"min_ms", opts.min_ms},
+            {"max_ms", opts.max_ms},
+            {"calibrate", opts.calibrate},
+            {"free_sizes", j.free_sizes},
+            {"rtol", opts.rtol},
+            {"atol", opts.atol},
+            {"trials", opts.trials},
+            {"timing_lock", nullptr}}}};
+}
+
+Verdict verdict_of(WorkerResult& r, const Job& job) {
+  Verdict v{"rejected", "", "", job.code};
+  if (r.outcome != Outcome::ok) {
+    v.reason = outcome_name(r.outcome);
+    v.detail = r.reason + (r.log_tail.empty() ? "" : "\n--- worker log tail ---\n" + r.log_tail);
+  } else if (!r.reply.value("ok", false)) {
+    // The judge request itself failed: recorded with its traceback, and the run goes on.
+    v.reason = "judge_error";
+    v.detail = r.reply.value("error", "") + ": " + r.reply.value("message", "") + "\n" + r.reply.value("traceback", "");
+  } else {
+    const json& x = r.reply["result"];
+    v = {x["verdict"], x["reason"].is_null() ? "" : x["reason"].get<std::string>(), x.value("detail", ""), x["code"],
+         x["metrics"], x["ops"], x["calibration"]};
   }
-  spdlog::info("filtering {} candidates on {} with {} workers{}", jobs.size(), device, popts.workers,
-               device == "cuda" ? fmt::format(" over {} GPU(s)", gpus) : "");
-  Progress progress("filter", jobs.size());
+  return v;
+}
+
+// Reasons that may be the environment's rather than the task's: the worker's memory share, or a
+// worker another task broke. Such a task is judged again alone before it is rejected.
+bool environment_reason(const Verdict& v) { return v.reason == "out_of_memory" || v.reason == "worker_crash"; }
+
+json attempt_of(const Verdict& v, const char* how) {
+  return {{"how", how}, {"verdict", v.verdict}, {"reason", v.reason.empty() ? json(nullptr) : json(v.reason)}};
+}
+
+using Retry = std::vector<std::pair<std::size_t, Verdict>>;  // (job index, the verdict made with the workers)
+
+// Tasks that failed for an environment reason, judged again by one worker with the memory every
+// worker had (on a GPU: the whole first GPU, the other workers gone); both attempts are recorded.
+void judge_alone(Workspace& ws, const FilterOptions& opts, const std::string& device,
+                 const std::vector<std::string>& gpu_ids, int shared_by, const std::vector<Job>& jobs,
+                 const Retry& again, const std::string& config, const std::function<void(const Verdict&)>& count) {
+  FilterOptions alone = opts;
+  alone.memory_limit_mb = opts.memory_limit_mb * static_cast<std::size_t>(shared_by);
+  std::vector<std::string> one_gpu;
+  if (!gpu_ids.empty()) one_gpu.push_back(gpu_ids[0]);
+  spdlog::info("{} candidates failed for a reason that may be the environment's (out_of_memory under a worker's "
+               "share, worker_crash); judging them again alone", again.size());
+  std::vector<json> reqs;
+  for (auto& [i, v] : again) reqs.push_back(judge_request(jobs[i], opts, device));
+  WorkerPool pool(pool_options(alone, device, one_gpu, 1, ws));
+  Progress progress("filter alone", reqs.size());
   pool.run(reqs, [&](WorkerResult&& r) {
-    const Job& job = jobs[r.index];
-    with_context(fmt::format("while recording the verdict of task {}", job.id), [&] {
-      ++sum.judged;
-      if (r.outcome != Outcome::ok) {
-        std::string detail = r.reason;
-        if (!r.log_tail.empty()) detail += "\n--- worker log tail ---\n" + r.log_tail;
-        record(db, job.id, "rejected", outcome_name(r.outcome), detail, json::object(), nullptr, job.code,
-               json::array(), device);
-        ++sum.rejected;
-        ++sum.reasons[outcome_name(r.outcome)];
-      } else if (!r.reply.value("ok", false)) {
-        // The judge request itself failed: recorded with its traceback, and the run goes on.
-        std::string detail = r.reply.value("error", "") + ": " + r.reply.value("message", "") + "\n" +
-                             r.reply.value("traceback", "");
-        record(db, job.id, "rejected", "judge_error", detail, json::object(), nullptr, job.code, json::array(), device);
-        ++sum.rejected;
-        ++sum.reasons["judge_error"];
-      } else {
-        const json& v = r.reply["result"];
-        std::string verdict = v["verdict"];
-        std::string reason = v["reason"].is_null() ? "" : v["reason"].get<std::string>();
-        record(db, job.id, verdict, reason, v.value("detail", ""), v["metrics"], v["ops"], v["code"],
-               v["calibration"], device);
-        if (verdict == "accepted") {
-          ++sum.accepted;
-        } else {
-          ++sum.rejected;
-          ++sum.reasons[reason];
-        }
-      }
+    const auto& [i, first] = again[r.index];
+    with_context(fmt::format("while recording the verdict of task {}", jobs[i].id), [&] {
+      Verdict v = verdict_of(r, jobs[i]);
+      if (!v.metrics.is_object()) v.metrics = json::object();
+      v.metrics["attempts"] = json::array({attempt_of(first, "shared"), attempt_of(v, "alone")});
+      record(ws.db(), jobs[i].id, v, device, config);
+      count(v);
     });
-    progress.tick(1, fmt::format("{} accepted, {} rejected", sum.accepted, sum.rejected));
+    progress.tick(1, "");
   });
   progress.finish();
+}
+
+}  // namespace
+
+FilterSummary filter(Workspace& ws, const FilterOptions& opts) {
+  auto t0 = std::chrono::steady_clock::now();
+  Db& db = ws.db();
+  migrate(db);
+  FilterSummary sum;
+
+  std::string device = opts.device;
+  const std::vector<std::string> gpu_ids = device == "cpu" ? std::vector<std::string>{} : visible_gpus();
+  const int gpus = static_cast<int>(gpu_ids.size());
+  if (device == "auto") device = gpus > 0 ? "cuda" : "cpu";
+  OPFORGE_CHECK(device != "cuda" || gpus > 0, "--device cuda, but no NVIDIA GPU is visible (no /dev/nvidia*, or CUDA_VISIBLE_DEVICES hides them)");
+  int workers = opts.workers > 0 ? opts.workers : (device == "cuda" ? gpus * opts.workers_per_gpu : 2);
+  const json config_json = config_of(opts, device);
+  const std::string config = xxh3_hex(config_json.dump());
+  spdlog::info("filter configuration {}: {}", config, config_json.dump());
+  if (!opts.rejudge_stale) warn_stale(db, config);
+
+  std::vector<Job> jobs = select_jobs(db, opts, config);
+  if (jobs.empty()) {
+    spdlog::info("nothing to filter: every candidate has a verdict");
+    return sum;
+  }
+  workers = std::min<int>(workers, static_cast<int>(jobs.size()));
+  std::vector<json> reqs;
+  for (auto& j : jobs) reqs.push_back(judge_request(j, opts, device));
+  spdlog::info("filtering {} candidates on {} with {} workers{}", jobs.size(), device, workers,
+               device == "cuda" ? fmt::format(" over {} GPU(s)", gpus) : "");
+  auto count = [&](const Verdict& v) {
+    ++sum.judged;
+    v.verdict == "accepted" ? ++sum.accepted : ++sum.rejected;
+    if (v.verdict != "accepted") ++sum.reasons[v.reason];
+  };
+  std::vector<std::pair<std::size_t, Verdict>> again;  // environment failures, judged again alone
+  {
+    WorkerPool pool(pool_options(opts, device, gpu_ids, workers, ws));
+    Progress progress("filter", jobs.size());
+    pool.run(reqs, [&](WorkerResult&& r) {
+      const Job& job = jobs[r.index];
+      with_context(fmt::format("while recording the verdict of task {}", job.id), [&] {
+        Verdict v = verdict_of(r, job);
+        if (environment_reason(v) && workers > 1) {
+          again.emplace_back(r.index, std::move(v));
+          return;
+        }
+        record(db, job.id, v, device, config);
+        count(v);
+      });
+      progress.tick(1, fmt::format("{} accepted, {} rejected", sum.accepted, sum.rejected));
+    });
+    progress.finish();
+  }
+  if (!again.empty()) judge_alone(ws, opts, device, gpu_ids, workers, jobs, again, config, count);
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return sum;
 }

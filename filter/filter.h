@@ -26,7 +26,15 @@ struct FilterOptions {
   int trials = 20;
   std::size_t memory_limit_mb = 0;
   int limit = 0;                // judge at most N tasks (0: all)
+  std::vector<std::string> rejudge;  // stored rejections with these reasons are judged again ("all": every one)
+  bool rejudge_stale = false;        // and verdicts made under another configuration
 };
+
+// The filter's own version, part of every verdict's configuration hash: raise it when a check
+// changes what it accepts, so verdicts of the old checks show as stale.
+inline constexpr const char* kFilterVersion = "filter-1";
+// What a verdict depends on (its xxh3 is stored with the verdict as `config`).
+nlohmann::json config_of(const FilterOptions& o, const std::string& device);
 
 struct FilterSummary {
   long judged = 0, accepted = 0, rejected = 0;
@@ -35,6 +43,9 @@ struct FilterSummary {
 };
 
 void migrate(Db& db);
+// Judges the candidates without a verdict (and those --rejudge names). A task rejected for
+// out_of_memory or worker_crash while sharing the machine is judged again alone before its
+// rejection stands (metrics.attempts records both).
 FilterSummary filter(Workspace& ws, const FilterOptions& opts);
 
 struct ImportSummary {

@@ -74,6 +74,22 @@ TEST(Filter, PlantedCandidatesGetExactlyTheirVerdicts) {
   for (auto* k : {"compile_ms", "compile_speedup", "compile_wall_s", "device", "torch"}) EXPECT_TRUE(m.contains(k)) << k;
   EXPECT_EQ(json::parse(st.text(4)), json({"nn.Linear", "torch.relu"}));
 
+  // Rejections that may be the environment's were judged again alone, and stayed rejected there.
+  for (auto* file : {"giant_allocation", "segfault"}) {
+    auto a = db.prepare(
+        "SELECT json_extract(f.metrics, '$.attempts'), f.config FROM filter_results f JOIN tasks t ON t.id = f.task_id "
+        "WHERE json_extract(t.provenance, '$.path') LIKE ?");
+    a.bind(1, std::string("%/") + file + ".py");
+    ASSERT_TRUE(a.step()) << file;
+    ASSERT_FALSE(a.is_null(0)) << file << " was not judged again alone";
+    json att = json::parse(a.text(0));
+    ASSERT_EQ(att.size(), 2u) << att.dump();
+    EXPECT_EQ(att[0]["how"], "shared");
+    EXPECT_EQ(att[1]["how"], "alone");
+    EXPECT_EQ(att[1]["verdict"], "rejected") << att.dump();
+    EXPECT_FALSE(a.is_null(1)) << "every verdict records its configuration";
+  }
+
   // Status and a second run: nothing left to judge.
   json js = json::parse(test::run_opforge({"status", "--workspace", ws.string(), "--json"}).out);
   EXPECT_EQ(js["filter"]["accepted"], 1);
@@ -130,4 +146,85 @@ TEST(Filter, ImportOfAMissingPathIsAClearError) {
   auto r = test::run_opforge({"import", "--workspace", (dir / "ws").string(), "/no/such/tasks"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("/no/such/tasks does not exist"), std::string::npos) << r.err;
+}
+
+namespace {
+
+const char* kPadded =
+    "import torch\nimport torch.nn as nn\n\n# 700 MiB resident from import on: more than a worker's share here, less "
+    "than alone.\n_PAD = torch.ones(700 * 1024 * 1024 // 4)\n\nbatch_size = 1\nfeatures = 256\n\n\nclass "
+    "Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n        self.linear = nn.Linear(features, "
+    "features)\n\n    def forward(self, x):\n        return torch.tanh(self.linear(x))\n\n\ndef get_inputs():\n    "
+    "return [torch.randn(batch_size, features)]\n\n\ndef get_init_inputs():\n    return []\n";
+const char* kZero =
+    "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, x):\n        return x * "
+    "0.0\n\n\ndef get_inputs():\n    return [torch.randn(64, 8)]\n\n\ndef get_init_inputs():\n    return []\n";
+
+struct Row {
+  std::string verdict, reason, config;
+  json attempts, history;
+};
+
+std::map<std::string, Row> rows(const std::filesystem::path& ws) {
+  Db db(ws / "opforge.db");
+  std::map<std::string, Row> out;
+  auto st = db.prepare(
+      "SELECT json_extract(t.provenance, '$.path'), f.verdict, coalesce(f.reason, ''), f.config, "
+      "coalesce(json_extract(f.metrics, '$.attempts'), 'null'), f.history FROM filter_results f JOIN tasks t "
+      "ON t.id = f.task_id");
+  while (st.step())
+    out[std::filesystem::path(st.text(0)).stem().string()] = {st.text(1), st.text(2), st.text(3),
+                                                             json::parse(st.text(4)), json::parse(st.text(5))};
+  return out;
+}
+
+}  // namespace
+
+TEST(Filter, EnvironmentFailuresAreJudgedAloneRejudgedVerdictsKeepTheirHistoryAndConfigsDoNotMix) {
+  test::TempDir dir;
+  test::write_file(dir / "in" / "padded.py", kPadded);
+  test::write_file(dir / "in" / "zero.py", kZero);
+  auto ws = dir / "ws";
+  ASSERT_EQ(test::run_opforge({"import", "--workspace", ws.string(), (dir / "in").string()}).exit_code, 0);
+  std::vector<std::string> base = {"filter", "--workspace", ws.string(), "--device", "cpu", "--workers", "2",
+                                   "--timeout-s", "120"};
+  auto with = [&](std::vector<std::string> extra) {
+    auto args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return test::run_opforge(args);
+  };
+  // Sharing the machine, the padded task is over its worker's share; alone it has both shares.
+  auto r = with({"--memory-limit-mb", "1500"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto got = rows(ws);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got["padded"].verdict, "accepted") << got["padded"].reason;
+  ASSERT_EQ(got["padded"].attempts.size(), 2u) << got["padded"].attempts.dump();
+  EXPECT_EQ(got["padded"].attempts[0]["reason"], "out_of_memory");
+  EXPECT_EQ(got["padded"].attempts[1]["verdict"], "accepted");
+  EXPECT_EQ(got["zero"].reason, "constant_output");
+  EXPECT_TRUE(got["zero"].attempts.is_null()) << "a rejection of the task's own is not judged again";
+  EXPECT_EQ(got["zero"].config, got["padded"].config);
+
+  // --rejudge: judged again, the old verdict kept in the history.
+  r = with({"--memory-limit-mb", "3000", "--rejudge", "constant_output"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  got = rows(ws);
+  ASSERT_EQ(got["zero"].history.size(), 1u);
+  EXPECT_EQ(got["zero"].history[0]["reason"], "constant_output");
+  EXPECT_TRUE(got["padded"].history.empty()) << "an accepted task is not a rejection to judge again";
+
+  // Another configuration: the old verdicts are not mixed in silently, and can be judged again.
+  r = with({"--memory-limit-mb", "3000", "--trials", "10"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("2 stored verdicts were made under another filter configuration"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("nothing to filter"), std::string::npos) << r.err;
+  std::string old_config = got["padded"].config;
+  r = with({"--memory-limit-mb", "3000", "--trials", "10", "--rejudge-stale"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  got = rows(ws);
+  EXPECT_NE(got["padded"].config, old_config);
+  EXPECT_EQ(got["padded"].config, got["zero"].config);
+  EXPECT_EQ(got["padded"].verdict, "accepted");
+  EXPECT_EQ(got["zero"].history.size(), 2u);
 }
