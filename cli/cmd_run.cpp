@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <set>
@@ -161,6 +162,30 @@ void list_presets() {
   }
 }
 
+// --kept N: rounds of compose, filter and dedup, each composing what the yield so far says is
+// missing (plus a tenth), until N tasks are kept or a round adds no candidate (the composer has
+// nothing new to draw) or kMaxRounds pass.
+constexpr int kMaxRounds = 8;
+
+template <class Round>
+void until_kept(Workspace& ws, const std::string& backend, long want, long first, Round&& round) {
+  long total = std::max(first, want);
+  for (int r = 1; r <= kMaxRounds; ++r) {
+    long kept = round(total, r == 1 ? "" : fmt::format("#{}", r));
+    long drawn = tasks::count(ws.db(), backend);
+    spdlog::info("run: round {}: {} kept of {} candidates drawn (want {})", r, kept, drawn, want);
+    if (kept >= want) return;
+    if (drawn < total) {
+      spdlog::warn("run: the composer added no more candidates ({} drawn of {} asked); stopping with {} kept of {}",
+                   drawn, total, kept, want);
+      return;
+    }
+    double yield = std::max(0.02, static_cast<double>(kept) / static_cast<double>(std::max(1L, drawn)));
+    total = drawn + static_cast<long>(std::ceil(static_cast<double>(want - kept) / yield * 1.1));
+  }
+  spdlog::warn("run: {} rounds did not keep {} tasks; run again to go on", kMaxRounds, want);
+}
+
 struct StageTime {
   std::string stage, result;
   double seconds;
@@ -178,7 +203,7 @@ void add_run(CLI::App& app, Runner& run) {
     std::string workspace = "workspace";
     std::string preset = "default";
     std::string out, device;
-    long count = -1;
+    long count = -1, kept = 0;
     int workers = 0;
     bool list = false, no_plots = false;
   };
@@ -190,6 +215,9 @@ void add_run(CLI::App& app, Runner& run) {
   cmd->add_option("-o,--out", o->out, "Export folder (default: WORKSPACE/export)");
   cmd->add_option("--count", o->count, "Override the preset's number of candidates to compose (a total, not a "
                                        "increment: a rerun tops up to it)");
+  cmd->add_option("--kept", o->kept, "Compose, filter and dedup in rounds until N tasks are kept after dedup (each "
+                                     "round composes what the yield so far says is missing); --count is then the "
+                                     "first round's size");
   cmd->add_option("--device", o->device, "Override where probes and the filter run: auto, cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("-j,--workers", o->workers, "Override the worker count of every stage (filter: in total)");
@@ -226,25 +254,36 @@ void add_run(CLI::App& app, Runner& run) {
         auto s = crawler::crawl(ws, p.crawl);
         return fmt::format("{} enumerated, {} probed now, {} runnable now", s.enumerated, s.probed, s.runnable);
       });
-      stage("compose", [&] {
-        tasks::migrate(ws.db());
-        long have = tasks::count(ws.db(), p.compose.backend);
-        composer::ComposeOptions c = p.compose;
-        c.count = static_cast<int>(std::max(0L, static_cast<long>(p.compose.count) - have));
-        if (c.count == 0) return fmt::format("{} candidates already there", have);
-        auto s = composer::compose(ws, c);
-        return fmt::format("{} added ({} failed), {} in all", s.added, s.failed, have + s.added);
-      });
-      stage("filter", [&] {
-        filter::FilterOptions f = p.filter;
-        f.memory_limit_mb = default_memory_limit_mb(std::max(2, f.workers));
-        auto s = filter::filter(ws, f);
-        return fmt::format("{} judged now: {} accepted, {} rejected", s.judged, s.accepted, s.rejected);
-      });
-      stage("dedup", [&] {
-        auto s = dedup::dedup(ws, p.dedup);
-        return fmt::format("{} accepted, {} kept, {} dropped", s.accepted, s.kept, s.dropped);
-      });
+      // One round: compose up to `total` candidates, judge the new ones, dedup; returns the kept count.
+      auto round = [&](long total, const std::string& tag) {
+        long kept = 0;
+        stage("compose" + tag, [&] {
+          tasks::migrate(ws.db());
+          long have = tasks::count(ws.db(), p.compose.backend);
+          composer::ComposeOptions c = p.compose;
+          c.count = static_cast<int>(std::max(0L, total - have));
+          if (c.count == 0) return fmt::format("{} candidates already there", have);
+          auto s = composer::compose(ws, c);
+          return fmt::format("{} added ({} failed), {} in all", s.added, s.failed, have + s.added);
+        });
+        stage("filter" + tag, [&] {
+          filter::FilterOptions f = p.filter;
+          f.memory_limit_mb = default_memory_limit_mb(std::max(2, f.workers));
+          auto s = filter::filter(ws, f);
+          return fmt::format("{} judged now: {} accepted, {} rejected", s.judged, s.accepted, s.rejected);
+        });
+        stage("dedup" + tag, [&] {
+          auto s = dedup::dedup(ws, p.dedup);
+          kept = s.kept;
+          return fmt::format("{} accepted, {} kept, {} dropped", s.accepted, s.kept, s.dropped);
+        });
+        return kept;
+      };
+      if (o->kept > 0) {
+        until_kept(ws, p.compose.backend, o->kept, p.compose.count, round);
+      } else {
+        round(p.compose.count, "");
+      }
       stage("export", [&] {
         auto s = exporter::export_dataset(ws, p.exp);
         return fmt::format("{} records ({} train, {} test)", s.records, s.train, s.test);

@@ -106,6 +106,17 @@ TEST(Run, AKilledRunResumesWithoutRedoingWorkAndEndsInACorpusWhoseOpsMatchItsCod
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(count(ws, "SELECT count(*) FROM tasks"), 6);
   EXPECT_EQ(shard_bytes(), shards);
+
+  // --kept: rounds until that many tasks are kept after dedup, then the export holds them all.
+  auto kept_args = run_args(ws);
+  kept_args.insert(kept_args.end(), {"--kept", "8"});
+  r = test::run_opforge(kept_args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("run: round 1: "), std::string::npos) << r.err;
+  long kept = count(ws, "SELECT count(*) FROM dedup_results WHERE kept = 1");
+  EXPECT_GE(kept, 8) << r.err;
+  EXPECT_GT(count(ws, "SELECT count(*) FROM tasks"), 6);
+  EXPECT_EQ(static_cast<long>(records(ws / "export").size()), kept);
 }
 
 TEST(Run, ABadPresetIsAClearErrorNamingTheKey) {
