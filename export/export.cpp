@@ -376,6 +376,26 @@ json dedup_config_of(Db& db) {
   return st.step() ? json::parse(st.text(0)) : json(nullptr);
 }
 
+// The filter configurations the exported records were judged under, with their record counts.
+json filter_configs_of(Db& db, const std::vector<Record>& recs) {
+  if (!table_exists(db, "filter_configs")) return nullptr;
+  std::map<std::string, long> used;
+  auto st = db.prepare("SELECT coalesce(config, 'unrecorded') FROM filter_results WHERE task_id = ?");
+  for (auto& r : recs) {
+    st.reset();
+    st.bind(1, r.id);
+    if (st.step()) ++used[st.text(0)];
+  }
+  json out = json::object();
+  auto cfg = db.prepare("SELECT config FROM filter_configs WHERE hash = ?");
+  for (auto& [hash, n] : used) {
+    cfg.reset();
+    cfg.bind(1, hash);
+    out[hash] = {{"records", n}, {"config", cfg.step() ? json::parse(cfg.text(0)) : json(nullptr)}};
+  }
+  return out;
+}
+
 std::map<std::string, long> devices_of(const std::vector<Record>& recs) {
   std::map<std::string, long> devices;
   for (auto& r : recs)
@@ -397,7 +417,8 @@ json manifest_of(Db& db, const std::vector<Record>& recs, const ExportOptions& o
         {"gzip", opts.gzip},
         {"split_seed", opts.split_seed},
         {"test_fraction", opts.test_fraction},
-        {"dedup", dedup_config_of(db)}}},
+        {"dedup", dedup_config_of(db)},
+        {"filter", filter_configs_of(db, recs)}}},
       {"versions", versions_of(db, recs)},
       {"device", most_common(devices)},
       {"devices", devices},

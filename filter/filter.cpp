@@ -42,6 +42,7 @@ CREATE INDEX filter_results_verdict ON filter_results(verdict, reason);
                           R"sql(
 ALTER TABLE filter_results ADD COLUMN config TEXT;
 ALTER TABLE filter_results ADD COLUMN history TEXT NOT NULL DEFAULT '[]';
+CREATE TABLE filter_configs (hash TEXT PRIMARY KEY, config TEXT NOT NULL);  -- what each hash stands for
 )sql"});
 }
 
@@ -230,6 +231,11 @@ FilterSummary filter(Workspace& ws, const FilterOptions& opts) {
   const json config_json = config_of(opts, device);
   const std::string config = xxh3_hex(config_json.dump());
   spdlog::info("filter configuration {}: {}", config, config_json.dump());
+  db.transaction([&] {
+    auto st = db.prepare("INSERT OR IGNORE INTO filter_configs(hash, config) VALUES(?, ?)");
+    st.bind(1, config).bind(2, config_json.dump());
+    st.run();
+  });
   if (!opts.rejudge_stale) warn_stale(db, config);
 
   std::vector<Job> jobs = select_jobs(db, opts, config);

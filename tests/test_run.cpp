@@ -77,6 +77,11 @@ TEST(Run, AKilledRunResumesWithoutRedoingWorkAndEndsInACorpusWhoseOpsMatchItsCod
   auto recs = records(ws / "export");
   EXPECT_EQ(static_cast<long>(recs.size()), count(ws, "SELECT count(*) FROM dedup_results WHERE kept = 1"));
   ASSERT_GE(recs.size(), 3u) << r.err;
+  // The manifest says which filter configuration judged the records (one here: one run's).
+  json filt = json::parse(test::read_file(ws / "export" / "manifest.json"))["config"]["filter"];
+  ASSERT_EQ(filt.size(), 1u) << filt.dump();
+  EXPECT_EQ(filt.begin().value()["records"], static_cast<long>(recs.size()));
+  EXPECT_EQ(filt.begin().value()["config"]["device"], "cpu");
 
   // Loadable with the generic JSON loader of Hugging Face datasets, and every record's ops are
   // the ops traced from its code now.
