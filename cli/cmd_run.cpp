@@ -186,9 +186,67 @@ void until_kept(Workspace& ws, const std::string& backend, long want, long first
   spdlog::warn("run: {} rounds did not keep {} tasks; run again to go on", kMaxRounds, want);
 }
 
-struct StageTime {
-  std::string stage, result;
-  double seconds;
+// The stages of one `opforge run`, each timed and its failure given the stage's context.
+class Pipeline {
+ public:
+  Pipeline(Workspace& ws, const Preset& p) : ws_(ws), p_(p) {}
+
+  template <class Body>
+  void stage(const std::string& name, Body&& body) {
+    spdlog::info("run: -- {} --", name);
+    auto t0 = std::chrono::steady_clock::now();
+    std::string result = with_context(
+        fmt::format("while running stage {} of preset {} (fix the cause and run again: finished work is kept)", name,
+                    p_.name),
+        body);
+    times_.push_back({name, result, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
+  }
+
+  // One round: compose up to `total` candidates, judge the new ones, dedup; returns the kept count.
+  long round(long total, const std::string& tag) {
+    long kept = 0;
+    stage("compose" + tag, [&] {
+      tasks::migrate(ws_.db());
+      long have = tasks::count(ws_.db(), p_.compose.backend);
+      composer::ComposeOptions c = p_.compose;
+      c.count = static_cast<int>(std::max(0L, total - have));
+      if (c.count == 0) return fmt::format("{} candidates already there", have);
+      auto s = composer::compose(ws_, c);
+      return fmt::format("{} added ({} failed), {} in all", s.added, s.failed, have + s.added);
+    });
+    stage("filter" + tag, [&] {
+      filter::FilterOptions f = p_.filter;
+      f.memory_limit_mb = default_memory_limit_mb(std::max(2, f.workers));
+      auto s = filter::filter(ws_, f);
+      return fmt::format("{} judged now: {} accepted, {} rejected", s.judged, s.accepted, s.rejected);
+    });
+    stage("dedup" + tag, [&] {
+      auto s = dedup::dedup(ws_, p_.dedup);
+      kept = s.kept;
+      return fmt::format("{} accepted, {} kept, {} dropped", s.accepted, s.kept, s.dropped);
+    });
+    return kept;
+  }
+
+  void print_times() const {
+    double total = 0;
+    spdlog::info("run: {:<8} {:>9}  {}", "stage", "seconds", "result");
+    for (auto& t : times_) {
+      spdlog::info("run: {:<8} {:>9.1f}  {}", t.stage, t.seconds, t.result);
+      total += t.seconds;
+    }
+    spdlog::info("run: {:<8} {:>9.1f}  shards, manifest.json, README.md and stats/ in {}", "total", total,
+                 p_.exp.out.string());
+  }
+
+ private:
+  struct StageTime {
+    std::string stage, result;
+    double seconds;
+  };
+  Workspace& ws_;
+  const Preset& p_;
+  std::vector<StageTime> times_;
 };
 
 }  // namespace
@@ -239,64 +297,22 @@ void add_run(CLI::App& app, Runner& run) {
       spdlog::info("run: preset {} ({})", p.name, p.description);
 
       Workspace ws(o->workspace);
-      std::vector<StageTime> times;
-      auto stage = [&](const std::string& name, auto&& body) {
-        spdlog::info("run: -- {} --", name);
-        auto t0 = std::chrono::steady_clock::now();
-        std::string result = with_context(
-            fmt::format("while running stage {} of preset {} (fix the cause and run again: finished work is kept)",
-                        name, p.name),
-            body);
-        times.push_back({name, result, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
-      };
-
-      stage("crawl", [&] {
+      Pipeline pipe(ws, p);
+      pipe.stage("crawl", [&] {
         auto s = crawler::crawl(ws, p.crawl);
         return fmt::format("{} enumerated, {} probed now, {} runnable now", s.enumerated, s.probed, s.runnable);
       });
-      // One round: compose up to `total` candidates, judge the new ones, dedup; returns the kept count.
-      auto round = [&](long total, const std::string& tag) {
-        long kept = 0;
-        stage("compose" + tag, [&] {
-          tasks::migrate(ws.db());
-          long have = tasks::count(ws.db(), p.compose.backend);
-          composer::ComposeOptions c = p.compose;
-          c.count = static_cast<int>(std::max(0L, total - have));
-          if (c.count == 0) return fmt::format("{} candidates already there", have);
-          auto s = composer::compose(ws, c);
-          return fmt::format("{} added ({} failed), {} in all", s.added, s.failed, have + s.added);
-        });
-        stage("filter" + tag, [&] {
-          filter::FilterOptions f = p.filter;
-          f.memory_limit_mb = default_memory_limit_mb(std::max(2, f.workers));
-          auto s = filter::filter(ws, f);
-          return fmt::format("{} judged now: {} accepted, {} rejected", s.judged, s.accepted, s.rejected);
-        });
-        stage("dedup" + tag, [&] {
-          auto s = dedup::dedup(ws, p.dedup);
-          kept = s.kept;
-          return fmt::format("{} accepted, {} kept, {} dropped", s.accepted, s.kept, s.dropped);
-        });
-        return kept;
-      };
+      auto round = [&](long total, const std::string& tag) { return pipe.round(total, tag); };
       if (o->kept > 0) {
         until_kept(ws, p.compose.backend, o->kept, p.compose.count, round);
       } else {
         round(p.compose.count, "");
       }
-      stage("export", [&] {
+      pipe.stage("export", [&] {
         auto s = exporter::export_dataset(ws, p.exp);
         return fmt::format("{} records ({} train, {} test)", s.records, s.train, s.test);
       });
-
-      double total = 0;
-      spdlog::info("run: {:<8} {:>9}  {}", "stage", "seconds", "result");
-      for (auto& t : times) {
-        spdlog::info("run: {:<8} {:>9.1f}  {}", t.stage, t.seconds, t.result);
-        total += t.seconds;
-      }
-      spdlog::info("run: {:<8} {:>9.1f}  shards, manifest.json, README.md and stats/ in {}", "total", total,
-                   p.exp.out.string());
+      pipe.print_times();
       std::cout << fs::absolute(p.exp.out).string() << "\n";
       return 0;
     };
