@@ -54,7 +54,8 @@ _FD_ARRAY = array.array("i")
 
 def _recv_fds(sock, flags=0):
     """(data, fds, msg_flags): one message and the descriptors passed with it. Not
-    socket.recv_fds, which before Python 3.12 drops its flags argument (so MSG_DONTWAIT blocked)."""
+    socket.recv_fds, which drops its flags argument (CPython gh-107898, 3.11 and 3.12 alike), so a
+    MSG_DONTWAIT poll through it blocks."""
     data, ancdata, msg_flags, _ = sock.recvmsg(MAX_MESSAGE + 1, socket.CMSG_LEN(MAX_FDS * _FD_ARRAY.itemsize),
                                                flags)
     fds = array.array("i")
