@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <tuple>
 #include <vector>
 
 #include "opforge/core/error.h"
@@ -311,6 +312,15 @@ json funnel_of(Db& db, long accepted, const ExportSummary& sum) {
   long kept = count(db, "SELECT count(*) FROM dedup_results WHERE kept = 1");
   funnel["dedup"] = {{"kept", kept}, {"dropped", dropped}, {"dropped_by_reason", drops}};
   funnel["exported"] = {{"records", sum.records}, {"train", sum.train}, {"test", sum.test}};
+  // Over every candidate drawn, a composition that failed included: what a draw yields.
+  json failed = json::object();
+  long failures = 0;
+  if (table_exists(db, "compose_failures"))
+    std::tie(failed, failures) = counts(db, "SELECT reason, count(*) FROM compose_failures GROUP BY 1 ORDER BY 1");
+  long drawn = candidates + failures;
+  auto share = [&](long n) { return drawn > 0 ? json(static_cast<double>(n) / static_cast<double>(drawn)) : json(nullptr); };
+  funnel["drawn"] = {{"total", drawn}, {"compose_failed", failures}, {"compose_failed_by_reason", failed},
+                     {"accepted_over_drawn", share(accepted)}, {"kept_over_drawn", share(kept)}};
   return funnel;
 }
 

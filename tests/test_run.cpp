@@ -77,6 +77,12 @@ TEST(Run, AKilledRunResumesWithoutRedoingWorkAndEndsInACorpusWhoseOpsMatchItsCod
   auto recs = records(ws / "export");
   EXPECT_EQ(static_cast<long>(recs.size()), count(ws, "SELECT count(*) FROM dedup_results WHERE kept = 1"));
   ASSERT_GE(recs.size(), 3u) << r.err;
+  // The funnel counts over every candidate drawn, failed compositions included.
+  json drawn = json::parse(test::read_file(ws / "export" / "stats" / "funnel.json"))["drawn"];
+  EXPECT_EQ(drawn["total"].get<long>(),
+            count(ws, "SELECT count(*) FROM tasks") + count(ws, "SELECT count(*) FROM compose_failures"));
+  EXPECT_DOUBLE_EQ(drawn["kept_over_drawn"].get<double>(),
+                   static_cast<double>(recs.size()) / drawn["total"].get<double>());
   // The manifest says which filter configuration judged the records (one here: one run's).
   json filt = json::parse(test::read_file(ws / "export" / "manifest.json"))["config"]["filter"];
   ASSERT_EQ(filt.size(), 1u) << filt.dump();
