@@ -39,6 +39,10 @@ void print_table(const nlohmann::json& st) {
   std::cout << fmt::format("\nfilter: {} judged, {} accepted, {} rejected, {} pending\n", fl["judged"].get<long>(),
                            fl["accepted"].get<long>(), fl["rejected"].get<long>(), fl["pending"].get<long>());
   for (auto& [r, n] : fl["reasons"].items()) std::cout << fmt::format("  rejected {:<22} {:>7}\n", r, n.get<long>());
+  if (fl["configs"].size() > 1)
+    for (auto& [c, n] : fl["configs"].items())
+      std::cout << fmt::format("  configuration {:<17} {:>7}  (verdicts of several: `filter --rejudge-stale`)\n", c,
+                               n.get<long>());
   const auto& dd = st["dedup"];
   std::cout << fmt::format("\ndedup: {} kept, {} dropped, {} accepted since the last run\n", dd["kept"].get<long>(),
                            dd["dropped"].get<long>(), dd["pending"].get<long>());

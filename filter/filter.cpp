@@ -357,6 +357,10 @@ json status(Db& db) {
     if (st.text(0) == "rejected") out["reasons"][st.text(1)] = st.int64(2);
   }
   out["pending"] = tasks::count(db) - out["judged"].get<long>();
+  // Verdicts by the configuration they were made under (more than one: see `filter --rejudge-stale`).
+  out["configs"] = json::object();
+  auto cf = db.prepare("SELECT coalesce(config, 'unrecorded'), count(*) FROM filter_results GROUP BY 1 ORDER BY 1");
+  while (cf.step()) out["configs"][cf.text(0)] = cf.int64(1);
   return out;
 }
 

@@ -220,6 +220,8 @@ TEST(Filter, EnvironmentFailuresAreJudgedAloneRejudgedVerdictsKeepTheirHistoryAn
   EXPECT_NE(r.err.find("2 stored verdicts were made under another filter configuration"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("nothing to filter"), std::string::npos) << r.err;
   std::string old_config = got["padded"].config;
+  json js = json::parse(test::run_opforge({"status", "--workspace", ws.string(), "--json"}).out);
+  EXPECT_EQ(js["filter"]["configs"], json({{old_config, 2}})) << "status counts verdicts by configuration";
   r = with({"--memory-limit-mb", "3000", "--trials", "10", "--rejudge-stale"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   got = rows(ws);
