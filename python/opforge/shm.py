@@ -65,6 +65,12 @@ def _recv_fds(sock, flags=0):
     return data, list(fds), msg_flags
 
 
+def _not_json(word):
+    # Python's json reads NaN and Infinity, which are not JSON: from the peer they would reach the
+    # judge's statistics and then its report, which nothing downstream can parse.
+    raise ValueError(f"{word} is not JSON")
+
+
 class Channel:
     """One end of a SOCK_SEQPACKET socketpair. send/recv are blocking with a timeout; a closed
     peer or a timeout is a WireError, never a hang."""
@@ -134,7 +140,7 @@ class Channel:
         if len(data) > MAX_MESSAGE or flags & socket.MSG_TRUNC:
             raise WireError("protocol_error", "oversized message")
         try:
-            msg = json.loads(data)
+            msg = json.loads(data, parse_constant=_not_json)
         except ValueError:
             raise WireError("protocol_error", f"not JSON: {data[:80]!r}") from None
         if not isinstance(msg, dict):

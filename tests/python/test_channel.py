@@ -53,6 +53,13 @@ class Channel(unittest.TestCase):
             os.close(r)
             os.close(w)
 
+    def test_nan_or_infinity_from_the_peer_is_a_protocol_error(self):
+        for word in (b"NaN", b"Infinity", b"-Infinity"):
+            self.b.sock.sendall(b'{"t0": ' + word + b'}')
+            with self.assertRaises(shm.WireError) as e:
+                self.a.recv(timeout=5)
+            self.assertEqual(e.exception.reason, "protocol_error")
+
     def test_a_blocking_read_gets_the_message(self):
         self.b.send({"seq": 3})
         self.assertEqual(self.a.recv(timeout=5)[0], {"seq": 3})
