@@ -419,6 +419,11 @@ class Session:
     def slots(self):
         return len(self.slot_views)
 
+    @property
+    def call_bytes(self):
+        """What one call of a batch holds: its input slot and the output the child keeps."""
+        return self.slot_bytes + sum(t.numel() * t.element_size() for t in self.out_views)
+
     def _init(self, ref_mod, ref, seed):
         seed = init_seed(seed)  # what crosses: the input sets' seed cannot be recovered from it
         T.seed_everything(seed)
@@ -601,6 +606,11 @@ def _spin(device):
     return SPIN_S if str(device).startswith("cuda") else 0.0
 
 
+def _child_spin(device):
+    """The then_spin of a timing-phase request: on the GPU the child keeps polling for the next."""
+    return CHILD_SPIN_S if _spin(device) else None
+
+
 def _drawer(ref_mod, device, first):
     """Fresh input sets for timed calls, drawn by the judge from get_inputs() with seeds of its
     own (never derived from the checked sets, so no output the child saw can be reassembled into
@@ -683,11 +693,11 @@ class _Timer:
         timing.sync(dev)
 
     def call(self):
-        n, spin = self.sess.slots, _spin(self.sess.device)
+        n, dev = self.sess.slots, self.sess.device
         self.runs += n
         sent = time.perf_counter()
-        reply = self.sess.child.ask("run", "a timed batch of ModelNew", mode="time", batch=n, spin_s=spin,
-                                    then_spin=CHILD_SPIN_S if spin else None)
+        reply = self.sess.child.ask("run", "a timed batch of ModelNew", mode="time", batch=n, spin_s=_spin(dev),
+                                    then_spin=_child_spin(dev))
         back = time.perf_counter()
         if not reply.get("ok") or "error" in reply:
             raise Verdict(reply.get("reason") or "runtime_error",
@@ -713,7 +723,7 @@ class _Timer:
             self.sess.poison()
             t0 = time.perf_counter()
             self.sess.child.must("fetch", "reading back a timed call's output", slot=k,
-                                 then_spin=CHILD_SPIN_S if _spin(self.sess.device) else None)
+                                 then_spin=_child_spin(self.sess.device))
             self.fetch_ms.append((time.perf_counter() - t0) * 1e3)
             ok, err = _close(self.sess.read(), _expected(self.ref, self.draw(self.current[k])), self.atol, self.rtol)
             self.sampled += 1
@@ -730,8 +740,7 @@ class _Timer:
                 t0 = time.perf_counter()
                 self.call()
                 times.append((time.perf_counter() - t0) * 1e3)
-        k = batch_size(min(times), self.sess.slot_bytes + sum(t.numel() * t.element_size()
-                                                                for t in self.sess.out_views), self.sess.device)
+        k = batch_size(min(times), self.sess.call_bytes, self.sess.device)
         if k > 1:
             self.sess.bind(k)
         return k
