@@ -9,9 +9,10 @@ namespace opforge::cli {
 void add_compose(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand(
       "compose",
-      "Add candidate tasks that fuse 1-5 crawled seed ops (template backend: deterministic and offline; llm "
-      "backend: any OpenAI-compatible endpoint). Needs a crawled workspace. A re-run with the same --seed "
-      "continues where the last stopped.");
+      "Add candidate tasks that fuse 1-5 ops. graph backend (default): chains along the dataflow of real models "
+      "(data/real_models/stats.json), anchored on a GEMM, convolution or attention, in real layouts; template: "
+      "uniform over the crawled seeds; both deterministic and offline. llm: any OpenAI-compatible endpoint. Needs a "
+      "crawled workspace. A re-run with the same --seed continues where the last stopped.");
   struct Opts {
     std::string workspace = "workspace";
     composer::ComposeOptions c;
@@ -27,11 +28,25 @@ void add_compose(CLI::App& app, Runner& run) {
                   "Share of tasks per number of fused torch ops (1-5) and of single transformers modules, in "
                   "percent; default: Ops-6K's mix")
       ->capture_default_str();
-  cmd->add_option("--backend", o->c.backend, "template or llm")
-      ->check(CLI::IsMember({"template", "llm"}))
+  cmd->add_option("--backend", o->c.backend, "graph, template or llm")
+      ->check(CLI::IsMember({"graph", "template", "llm"}))
       ->capture_default_str();
   cmd->add_option("--seed", o->c.seed, "RNG seed: same seed, same candidates")->capture_default_str();
-  cmd->add_option("--target-ms", o->c.target_ms, "Eager time the template backend sizes tasks for")
+  cmd->add_option("--target-ms", o->c.target_ms, "Eager time the graph and template backends size tasks for")
+      ->capture_default_str();
+  cmd->add_option("--device", o->c.device,
+                  "graph: the device its cost model sizes tasks for (cpu or cuda); nothing is measured, so every "
+                  "machine composes the same tasks")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_option("--stats", o->c.stats, "graph: the real-model table (default data/real_models/stats.json)");
+  cmd->add_option("--anchor-share", o->c.anchor_share,
+                  "graph: share of multi-op tasks built around a GEMM, convolution or attention")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  cmd->add_option("--exotic-share", o->c.exotic_share,
+                  "graph: share of multi-op tasks given one crawled op real models do not use (diversity)")
+      ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   cmd->add_option("-j,--workers", o->c.workers, "Worker processes")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--llm-url", o->c.llm_url, "OpenAI-compatible endpoint, e.g. http://localhost:8000/v1");

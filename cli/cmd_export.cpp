@@ -16,7 +16,7 @@ void add_export(CLI::App& app, Runner& run) {
     std::string workspace = "workspace";
     std::string out;
     exporter::ExportOptions e;
-    bool no_plots = false;
+    bool no_plots = false, no_realism = false;
   };
   auto o = std::make_shared<Opts>();
   add_workspace_option(*cmd, o->workspace);
@@ -36,10 +36,16 @@ void add_export(CLI::App& app, Runner& run) {
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   cmd->add_flag("--no-plots", o->no_plots, "Skip the PNG plots in stats/ (they need matplotlib in the venv)");
+  cmd->add_flag("--no-realism", o->no_realism,
+                "Skip stats/realism.json and the card's realism figures (tracing every record on the meta device)");
+  cmd->add_option("--realism-reference", o->e.realism_references,
+                  "Tasks whose realism figures go beside the corpus's (a KernelBench checkout's level2, shards, a "
+                  "workspace); repeatable");
   cmd->callback([&run, o] {
     run = [o] {
       o->e.out = o->out;
       o->e.plots = !o->no_plots;
+      o->e.realism = !o->no_realism;
       Workspace ws(o->workspace);
       auto s = exporter::export_dataset(ws, o->e);
       spdlog::info("export done in {:.1f}s: {} records ({} train, {} test) in {} files under {}", s.seconds, s.records,

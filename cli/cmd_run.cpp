@@ -113,6 +113,10 @@ Preset load_preset(const std::string& name_or_path) {
       .field("backend", s.compose.backend)
       .field("seed", s.compose.seed)
       .field("target_ms", s.compose.target_ms)
+      .field("device", s.compose.device)
+      .field("stats", s.compose.stats)
+      .field("anchor_share", s.compose.anchor_share)
+      .field("exotic_share", s.compose.exotic_share)
       .field("workers", s.compose.workers)
       .field("llm_url", s.compose.llm_url)
       .field("llm_model", s.compose.llm_model)
@@ -145,6 +149,7 @@ Preset load_preset(const std::string& name_or_path) {
       .field("test_fraction", s.exp.test_fraction)
       .field("split_seed", s.exp.split_seed)
       .field("plots", s.exp.plots)
+      .field("realism", s.exp.realism)
       .done();
   OPFORGE_CHECK(s.compose.count >= 0, "{}: compose.count must be >= 0", where);
   return s;

@@ -23,6 +23,8 @@ void add_worker(CLI::App& app, Runner& run);
 void add_eval(CLI::App& app, Runner& run);
 void add_run(CLI::App& app, Runner& run);
 void add_sandbox_exec(CLI::App& app, Runner& run);
+void add_realism(CLI::App& app, Runner& run);
+void add_model_stats(CLI::App& app, Runner& run);
 
 // Shared option helpers.
 void add_workspace_option(CLI::App& cmd, std::string& workspace);

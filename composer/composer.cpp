@@ -121,64 +121,118 @@ json torch_sizes() {
   return json::parse(f)["sizes"];
 }
 
-ComposeSummary compose_template(Workspace& ws, const ComposeOptions& opts,
-                                const std::vector<std::pair<std::string, double>>& mix) {
-  Db& db = ws.db();
+// Per-bucket quotas of this run (largest remainder), so the mix holds over the tasks actually
+// added even where one bucket loses more candidates to duplicates than another.
+std::map<std::string, long> bucket_quotas(const std::vector<std::pair<std::string, double>>& mix, long count) {
+  std::map<std::string, long> quota;
+  long given = 0;
+  std::vector<std::pair<double, std::string>> rem;
+  for (auto& [b, p] : mix) {
+    double exact = p * static_cast<double>(count);
+    quota[b] = static_cast<long>(exact);
+    given += quota[b];
+    rem.emplace_back(exact - static_cast<double>(quota[b]), b);
+  }
+  std::sort(rem.begin(), rem.end(), [](auto& a, auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+  for (std::size_t i = 0; given < count; ++i, ++given) quota[rem[i % rem.size()].second]++;
+  return quota;
+}
+
+// The arguments every block request of an offline backend carries; the graph backend adds its
+// real-model table and the cost model's device and shares.
+json backend_args(const ComposeOptions& opts, const json& seeds, const json& mix_json) {
+  json args = {{"seeds", seeds},         {"sizes", torch_sizes()}, {"seed", opts.seed},
+               {"mix", mix_json},        {"target_ms", opts.target_ms}, {"seeds_key", xxh3_hex(seeds.dump())}};
+  if (opts.backend == "graph") {
+    std::filesystem::path stats = opts.stats.empty() ? data_dir() / "real_models" / "stats.json" : std::filesystem::path(opts.stats);
+    OPFORGE_CHECK(std::filesystem::is_regular_file(stats), "the graph backend needs the real-model table {}: "
+                  "regenerate it with `opforge model-stats` or pass --stats FILE", stats.string());
+    args.update({{"stats_path", stats.string()}, {"device", opts.device}, {"anchor_share", opts.anchor_share},
+                 {"exotic_share", opts.exotic_share}});
+  }
+  return args;
+}
+
+struct OfflineRun {
+  Db& db;
+  const ComposeOptions& opts;
+  std::map<std::string, long> quota, added_in;
   ComposeSummary sum;
-  json seeds = load_seeds(db);
+
+  void fail(long i, const std::string& bucket, const std::string& reason, const std::string& detail) {
+    record_failure(db, opts.backend, opts.seed, i, bucket, reason, detail);
+  }
+
+  // One candidate record of a block, in index order: a task, or a failure with its reason.
+  void commit(const json& rec, Progress& progress) {
+    long i = rec["index"];
+    std::string bucket = rec["bucket"];
+    if (added_in[bucket] >= quota[bucket]) return fail(i, bucket, "over_quota", "bucket already full in this run");
+    if (!rec.value("ok", false)) {
+      fail(i, bucket, rec.value("reason", "unknown"), rec.value("message", ""));
+      ++sum.failed;
+      ++sum.failures[rec.value("reason", "unknown")];
+      return;
+    }
+    tasks::NewTask t;
+    t.id = xxh3_hex(rec["normalized"].get<std::string>());
+    t.code = rec["code"];
+    t.source = rec["source"];
+    t.backend = opts.backend;
+    t.num_ops = rec["num_ops"];
+    t.ops = rec["ops"];
+    t.seed_ids = rec["seed_ids"];
+    t.provenance = {{"backend", opts.backend},    {"rng_seed", opts.seed},   {"index", i},
+                    {"bucket", bucket},           {"free_sizes", rec["free_sizes"]},
+                    {"estimated_ms", rec["estimated_ms"]}, {"batch_size", rec["batch_size"]},
+                    {"target_ms", opts.target_ms}, {"seed_names", rec["ops"]}};
+    if (opts.backend == "graph") t.provenance["device"] = opts.device;
+    bool added = false;
+    db.transaction([&] { added = tasks::insert(db, t); });
+    if (!added) {
+      fail(i, bucket, "duplicate", "same normalised code as task " + t.id);
+      ++sum.duplicates;
+      return;
+    }
+    ++sum.added;
+    ++sum.by_bucket[bucket];
+    ++added_in[bucket];
+    progress.tick(1, fmt::format("{} failed, {} duplicates", sum.failed, sum.duplicates));
+  }
+};
+
+// The offline backends (template, graph): rounds of fixed 64-index blocks, one request per worker
+// (python/opforge/compose.py: compose_block), committed in index order so the outcome does not
+// depend on which worker finished first.
+ComposeSummary compose_offline(Workspace& ws, const ComposeOptions& opts,
+                               const std::vector<std::pair<std::string, double>>& mix) {
+  json seeds = load_seeds(ws.db());
   OPFORGE_CHECK(!seeds.empty(), "no runnable seeds in {}: run `opforge crawl --workspace {}` first",
                 ws.root().string(), ws.root().string());
-  std::string seeds_key = xxh3_hex(seeds.dump());
-  json sizes = torch_sizes();
   json mix_json = json::array();
   for (auto& [b, p] : mix) mix_json.push_back({b, p});
-
+  json args = backend_args(opts, seeds, mix_json);
   WorkerPoolOptions popts;
   popts.workers = opts.workers;
   popts.timeout_s = 600;
   popts.log_file = ws.logs_dir() / "workers.log";
   WorkerPool pool(popts);
 
-  // Per-bucket quotas of this run (largest remainder), so the mix holds over the tasks actually
-  // added even where one bucket loses more candidates to duplicates than another.
-  std::map<std::string, long> quota, added_in;
-  {
-    long given = 0;
-    std::vector<std::pair<double, std::string>> rem;
-    for (auto& [b, p] : mix) {
-      double exact = p * opts.count;
-      quota[b] = static_cast<long>(exact);
-      given += quota[b];
-      rem.emplace_back(exact - quota[b], b);
-    }
-    std::sort(rem.begin(), rem.end(), [](auto& a, auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
-    for (std::size_t i = 0; given < opts.count; ++i, ++given) quota[rem[i % rem.size()].second]++;
-  }
-  long idx = next_index(db, "template", opts.seed);
-  spdlog::info("composing {} template candidates (seed {}, starting at index {}) from {} seeds", opts.count,
+  OfflineRun run{ws.db(), opts, bucket_quotas(mix, opts.count), {}, {}};
+  long idx = next_index(ws.db(), opts.backend, opts.seed);
+  spdlog::info("composing {} {} candidates (seed {}, starting at index {}) from {} seeds", opts.count, opts.backend,
                opts.seed, idx, seeds.size());
   Progress progress("compose", static_cast<std::size_t>(opts.count));
-  int barren_rounds = 0;
-  while (sum.added < opts.count) {
-    // One round: `workers` fixed blocks of indices, one request each (see compose.py).
+  for (int barren_rounds = 0; run.sum.added < opts.count;) {
     constexpr long kBlock = 64;
     std::vector<json> reqs;
-    long round_start = idx;
     for (int w = 0; w < opts.workers; ++w) {
       long block_start = (idx / kBlock) * kBlock;
-      reqs.push_back({{"op", "compose_template"},
-                      {"args",
-                       {{"seeds", seeds},
-                        {"sizes", sizes},
-                        {"seed", opts.seed},
-                        {"block", {block_start, block_start + kBlock}},
-                        {"start", idx},
-                        {"mix", mix_json},
-                        {"target_ms", opts.target_ms},
-                        {"seeds_key", seeds_key}}}});
+      json a = args;
+      a.update({{"block", {block_start, block_start + kBlock}}, {"start", idx}});
+      reqs.push_back({{"op", "compose_" + opts.backend}, {"args", std::move(a)}});
       idx = block_start + kBlock;
     }
-    (void)round_start;
     std::vector<json> records;
     pool.run(reqs, [&](WorkerResult&& r) {
       OPFORGE_CHECK(r.outcome == Outcome::ok, "a composer worker failed: {} {}\n{}", outcome_name(r.outcome),
@@ -187,57 +241,19 @@ ComposeSummary compose_template(Workspace& ws, const ComposeOptions& opts,
                     r.reply.value("message", ""), r.reply.value("traceback", ""));
       for (auto& rec : r.reply["result"]) records.push_back(std::move(rec));
     });
-    // Commit in index order so the outcome does not depend on which worker finished first.
     std::sort(records.begin(), records.end(),
               [](const json& a, const json& b) { return a["index"].get<long>() < b["index"].get<long>(); });
-    long added_before = sum.added;
-    for (auto& rec : records) {
-      if (sum.added >= opts.count) break;
-      long i = rec["index"];
-      std::string bucket = rec["bucket"];
-      if (added_in[bucket] >= quota[bucket]) {
-        record_failure(db, "template", opts.seed, i, bucket, "over_quota", "bucket already full in this run");
-        continue;
-      }
-      if (!rec.value("ok", false)) {
-        record_failure(db, "template", opts.seed, i, bucket, rec.value("reason", "unknown"), rec.value("message", ""));
-        ++sum.failed;
-        ++sum.failures[rec.value("reason", "unknown")];
-        continue;
-      }
-      tasks::NewTask t;
-      t.id = xxh3_hex(rec["normalized"].get<std::string>());
-      t.code = rec["code"];
-      t.source = rec["source"];
-      t.backend = "template";
-      t.num_ops = rec["num_ops"];
-      t.ops = rec["ops"];
-      t.seed_ids = rec["seed_ids"];
-      t.provenance = {{"backend", "template"},      {"rng_seed", opts.seed},
-                      {"index", i},                 {"bucket", bucket},
-                      {"free_sizes", rec["free_sizes"]}, {"estimated_ms", rec["estimated_ms"]},
-                      {"batch_size", rec["batch_size"]}, {"target_ms", opts.target_ms},
-                      {"seed_names", rec["ops"]}};
-      bool added = false;
-      db.transaction([&] { added = tasks::insert(db, t); });
-      if (!added) {
-        record_failure(db, "template", opts.seed, i, bucket, "duplicate", "same normalised code as task " + t.id);
-        ++sum.duplicates;
-        continue;
-      }
-      ++sum.added;
-      ++sum.by_bucket[bucket];
-      ++added_in[bucket];
-      progress.tick(1, fmt::format("{} failed, {} duplicates", sum.failed, sum.duplicates));
-    }
-    barren_rounds = sum.added == added_before ? barren_rounds + 1 : 0;
+    long added_before = run.sum.added;
+    for (auto& rec : records)
+      if (run.sum.added < opts.count) run.commit(rec, progress);
+    barren_rounds = run.sum.added == added_before ? barren_rounds + 1 : 0;
     OPFORGE_CHECK(barren_rounds < 8,
-                  "the template composer produced no new candidate in 8 rounds (last failures: {}); the seeds may "
-                  "be too few for --count {}",
-                  json(sum.failures).dump(), opts.count);
+                  "the {} composer produced no new candidate in 8 rounds (last failures: {}); the seeds may be too "
+                  "few for --count {}",
+                  opts.backend, json(run.sum.failures).dump(), opts.count);
   }
   progress.finish();
-  return sum;
+  return run.sum;
 }
 
 // The llm backend: one prompt per index, built from 1-5 sampled torch seeds; answers are cached
@@ -400,14 +416,14 @@ ComposeSummary compose(Workspace& ws, const ComposeOptions& opts) {
   auto mix = parse_mix(opts.mix, opts.max_ops);
   migrate(ws.db());
   ComposeSummary sum;
-  if (opts.backend == "template") {
-    sum = compose_template(ws, opts, mix);
+  if (opts.backend == "template" || opts.backend == "graph") {
+    sum = compose_offline(ws, opts, mix);
   } else if (opts.backend == "llm") {
     OPFORGE_CHECK(!opts.llm_url.empty() && !opts.llm_model.empty(),
                   "--backend llm needs --llm-url (an OpenAI-compatible endpoint) and --llm-model");
     sum = compose_llm(ws, opts, mix);
   } else {
-    throw Error(fmt::format("unknown --backend '{}': use template or llm", opts.backend));
+    throw Error(fmt::format("unknown --backend '{}': use graph, template or llm", opts.backend));
   }
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return sum;

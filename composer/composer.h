@@ -22,10 +22,17 @@ struct ComposeOptions {
   int max_ops = 5;
   // bucket:percent list; buckets 1..5 (torch#K) and transformers (transformers#1). Ops-6K's mix.
   std::string mix = "1:3.4,2:83.8,3:7.6,4:2.8,5:1.2,transformers:1.2";
-  std::string backend = "template";
+  // graph (real-model chains, docs/realism.md), template (uniform over the crawled seeds) or llm.
+  std::string backend = "graph";
   std::uint64_t seed = 0;
   double target_ms = 10;  // eager time the template sizes aim at (geometric middle of 1-100 ms)
   int workers = 2;
+  // graph backend: the real-model table (empty: data/real_models/stats.json), the device its
+  // cost model sizes for (cpu | cuda; never measured, so any machine composes the same tasks),
+  // the share of multi-op chains anchored on a GEMM/convolution/attention, and of chains given
+  // one crawled op real models do not use.
+  std::string stats, device = "cpu";
+  double anchor_share = 0.9, exotic_share = 0.05;
   // llm backend
   std::string llm_url, llm_model, llm_key_env = "OPENAI_API_KEY";
   int llm_concurrency = 8;

@@ -9,13 +9,17 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <memory>
 #include <tuple>
 #include <vector>
 
 #include "opforge/core/error.h"
 #include "opforge/core/hash.h"
 #include "opforge/core/paths.h"
+#include "opforge/core/files.h"
 #include "opforge/core/worker_pool.h"
+#include "evaluator.h"
+#include "realism.h"
 
 namespace opforge::exporter {
 
@@ -436,7 +440,27 @@ json manifest_of(Db& db, const std::vector<Record>& recs, const ExportOptions& o
 }
 
 // The dataset card: YAML configs Hugging Face `datasets` reads, then a short description.
-std::string card_of(const ExportOptions& opts, const ExportSummary& sum, const json& manifest) {
+// The card's realism lines: the corpus's figures, each reference's beside them.
+std::string realism_lines(const json& stats) {
+  if (!stats.contains("realism")) return "";
+  auto pct = [](const json& v) { return v.is_null() ? std::string("-") : fmt::format("{:.1f}%", v.get<double>()); };
+  auto row = [&](const std::string& name, const json& f) {
+    return fmt::format("| {} | {} | {} | {} | {} | {} |\n", name, f["tasks"].get<long>(), pct(f["heavy_share"]),
+                       pct(f["vocab_share"]), pct(f["pair_share"]), f["untraced"].get<long>());
+  };
+  const json& r = stats["realism"];
+  std::string out =
+      "\n## How much it looks like real models\n\n"
+      "Traced on the meta device against the real-model table (`data/real_models/stats.json`): the share of multi-op\n"
+      "tasks with a GEMM, convolution or attention, of op occurrences real models use, and of adjacent op pairs\n"
+      "real models contain (opforge's docs/realism.md).\n\n"
+      "| tasks | count | heavy | vocabulary | pairs | untraced |\n| --- | --- | --- | --- | --- | --- |\n";
+  out += row("this dataset", r["corpus"]);
+  for (auto& [name, f] : r["references"].items()) out += row(name, f);
+  return out;
+}
+
+std::string card_of(const ExportOptions& opts, const ExportSummary& sum, const json& manifest, const json& stats) {
   std::string ext = opts.gzip ? ".jsonl.gz" : ".jsonl", data_files;
   // One entry per split that has records: a pattern matching no file would fail load_dataset.
   for (auto [split, n] : {std::pair{"train", sum.train}, std::pair{"test", sum.test}})
@@ -464,16 +488,38 @@ std::string card_of(const ExportOptions& opts, const ExportSummary& sum, const j
       "Fields: `ops` (traced operators), `data_source` (`torch#K`, `transformers#1`, `imported#K`), `code`,\n"
       "`id`, `num_ops`, `metrics` (eager and compile times, speed-up, ...), `provenance`, `decontamination`\n"
       "(nearest KernelBench reference and nearest other task, with cosines), `split`.\n"
-      "`manifest.json` holds checksums, the export config and versions; `stats/` the funnel and histograms.\n",
+      "`manifest.json` holds checksums, the export config and versions; `stats/` the funnel and histograms.\n"
+      "{}",
       data_files, version(), sum.records, sum.train, sum.test, manifest["shards"].size(),
-      manifest["device"].get<std::string>());
+      manifest["device"].get<std::string>(), realism_lines(stats));
 }
 
-void draw_plots(const Workspace& ws, const json& stats, const fs::path& dir) {
+// One worker for the realism traces and the plots, started only when one of them is wanted.
+std::unique_ptr<WorkerPool> worker_for(const Workspace& ws, const ExportOptions& opts) {
+  if (!opts.plots && !opts.realism) return nullptr;
   WorkerPoolOptions popts;
   popts.workers = 1;
   popts.log_file = ws.logs_dir() / "workers.log";
-  WorkerPool pool(popts);
+  return std::make_unique<WorkerPool>(popts);
+}
+
+// stats/realism.json: the corpus's figures and each reference folder's, against one table.
+json realism_of(WorkerPool& pool, const std::vector<Record>& recs, const ExportOptions& opts) {
+  fs::path table = realism::default_stats();
+  std::vector<std::string> codes;
+  for (auto& r : recs) codes.push_back(r.row["code"]);
+  json out = {{"table", {{"path", fs::relative(table, project_root()).string()}, {"xxh3", xxh3_hex(read_text(table))}}},
+              {"corpus", realism::measure(pool, codes, table, "the exported records")},
+              {"references", json::object()}};
+  for (auto& ref : opts.realism_references) {
+    std::vector<std::string> ref_codes;
+    for (auto& t : evaluator::load_tasks(ref)) ref_codes.push_back(std::move(t.code));
+    out["references"][ref.string()] = realism::measure(pool, ref_codes, table, ref.string());
+  }
+  return out;
+}
+
+void draw_plots(WorkerPool& pool, const json& stats, const fs::path& dir) {
   auto r = pool.call({{"op", "plots"}, {"args", {{"stats", stats}, {"out_dir", (dir / "stats").string()}}}});
   OPFORGE_CHECK(r.outcome == Outcome::ok && r.reply.value("ok", false),
                 "drawing the stats plots failed ({} {}: {}); is matplotlib in the venv? pass --no-plots to skip them",
@@ -498,10 +544,12 @@ ExportSummary export_dataset(Workspace& ws, const ExportOptions& opts) {
   json files = opts.format == "jsonl" ? write_shards(dir, recs, opts) : write_kernelbench_files(dir, recs);
   sum.files = static_cast<long>(files.size());
   json stats = stats_of(recs, funnel_of(db, accepted, sum));
+  auto pool = worker_for(ws, opts);
+  if (opts.realism) stats["realism"] = realism_of(*pool, recs, opts);
   json manifest = manifest_of(db, recs, opts, sum, files, write_stats(dir, stats));
   write_bytes(dir / "manifest.json", pretty(manifest));
-  if (opts.format == "jsonl") write_bytes(dir / "README.md", card_of(opts, sum, manifest));
-  if (opts.plots) draw_plots(ws, stats, dir);
+  if (opts.format == "jsonl") write_bytes(dir / "README.md", card_of(opts, sum, manifest, stats));
+  if (opts.plots) draw_plots(*pool, stats, dir);
   publish(dir, opts.out);
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return sum;

@@ -31,6 +31,10 @@ struct ExportOptions {
   std::uint64_t split_seed = 0;
   double test_fraction = 0.0;  // share of records marked split "test", chosen by xxh3(id, split_seed)
   bool plots = true;           // PNGs of the stats (needs matplotlib in the venv)
+  // stats/realism.json and the card's realism figures (realism/realism.h): the corpus traced on
+  // the meta device, beside each reference folder (e.g. a KernelBench checkout's level2).
+  bool realism = true;
+  std::vector<std::filesystem::path> realism_references;
 };
 
 struct ExportSummary {

@@ -189,19 +189,24 @@ def _bucket(index, mix, offset):
 _COMPOSERS = {}
 
 
-def compose_template(seeds, sizes, seed, block, start, mix, target_ms=10.0, seeds_key=None):
-    """Candidates for indices start..block[1]-1 of the fixed block [block[0], block[1]).
-
-    mix: [[bucket, probability], ...], buckets "1".."5" or "transformers". Duplicates are retried
-    against what the block made before, so a block is generated from its first index even when
-    only its tail is asked for: candidate i never depends on how runs were cut into requests.
-    A worker keeps the Composer of the last seeds_key, so its shape cache survives across requests."""
+def _composer(seeds, sizes, seeds_key):
+    """The Composer of these seeds; a worker keeps the last one, so its shape cache survives."""
     comp = _COMPOSERS.get(seeds_key) if seeds_key else None
     if comp is None:
         comp = Composer(seeds, sizes)
         if seeds_key:
             _COMPOSERS.clear()
             _COMPOSERS[seeds_key] = comp
+    return comp
+
+
+def compose_block(make, seed, block, start, mix):
+    """Candidates for indices start..block[1]-1 of the fixed block [block[0], block[1]), by
+    make(rng, bucket, vary) -> record; shared by the backends.
+
+    mix: [[bucket, probability], ...], buckets "1".."5" or "transformers". Duplicates are retried
+    against what the block made before, so a block is generated from its first index even when
+    only its tail is asked for: candidate i never depends on how runs were cut into requests."""
     offset = random.Random(f"mix:{seed}").random()
     seen = set()  # per request, so the outcome never depends on which worker ran what before
     out = []
@@ -214,10 +219,7 @@ def compose_template(seeds, sizes, seed, block, start, mix, target_ms=10.0, seed
             rng = random.Random(f"{seed}:{index}" if attempt == 0 else f"{seed}:{index}:{attempt}")
             vary = attempt > 0 and rng.choice([1, 2, 4, 8])
             try:
-                if bucket == "transformers":
-                    res = _transformers_candidate(comp, rng, target_ms, vary)
-                else:
-                    res = _torch_candidate(comp, rng, int(bucket), target_ms, vary)
+                res = make(rng, bucket, vary)
             except Exception as e:  # noqa: BLE001 - a failed candidate is data
                 res = {"ok": False, "reason": "compose_error", "message": f"{type(e).__name__}: {e}"}
             if res["ok"] and res["normalized"] in seen:
@@ -230,6 +232,18 @@ def compose_template(seeds, sizes, seed, block, start, mix, target_ms=10.0, seed
         if index >= start:
             out.append(rec)
     return out
+
+
+def compose_template(seeds, sizes, seed, block, start, mix, target_ms=10.0, seeds_key=None):
+    """Handler `compose_template`: the template backend's candidates of one block (compose_block)."""
+    comp = _composer(seeds, sizes, seeds_key)
+
+    def make(rng, bucket, vary):
+        if bucket == "transformers":
+            return _transformers_candidate(comp, rng, target_ms, vary)
+        return _torch_candidate(comp, rng, int(bucket), target_ms, vary)
+
+    return compose_block(make, seed, block, start, mix)
 
 
 def _torch_candidate(comp, rng, k, target_ms, vary=0):

@@ -21,6 +21,7 @@ HANDLERS = {
     "enumerate": "opforge.crawl:enumerate_ops",
     "normalize": "opforge.normalize:normalize_request",
     "compose_template": "opforge.compose:compose_template",
+    "compose_graph": "opforge.compose_graph:compose_graph",
     "judge": "opforge.filter:judge",
     "features": "opforge.features:features",
     "plots": "opforge.plots:plots",
@@ -28,6 +29,10 @@ HANDLERS = {
     "eval_solution": "opforge.judge:eval_solution",
     "eval_baselines": "opforge.judge:eval_baselines",
     "eval_plots": "opforge.eval_plots:eval_plots",
+    "realism_trace": "opforge.realism:trace_codes",
+    "realism_figures": "opforge.realism:figures_of",
+    "trace_family": "opforge.model_stats:trace_family",
+    "merge_stats": "opforge.model_stats:merge_stats",
 }
 
 
