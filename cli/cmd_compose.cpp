@@ -28,8 +28,9 @@ void add_compose(CLI::App& app, Runner& run) {
                   "Share of tasks per number of fused torch ops (1-5) and of single transformers modules, in "
                   "percent; default: Ops-6K's mix")
       ->capture_default_str();
-  cmd->add_option("--backend", o->c.backend, "graph, template or llm")
-      ->check(CLI::IsMember({"graph", "template", "llm"}))
+  cmd->add_option("--backend", o->c.backend,
+                  "graph, template, llm, or a backend registered as an 'opforge.composers' entry point "
+                  "(docs/sources.md)")
       ->capture_default_str();
   cmd->add_option("--seed", o->c.seed, "RNG seed: same seed, same candidates")->capture_default_str();
   cmd->add_option("--target-ms", o->c.target_ms, "Eager time the graph and template backends size tasks for")

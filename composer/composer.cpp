@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <fstream>
 #include <sstream>
@@ -39,8 +40,13 @@ std::vector<std::pair<std::string, double>> parse_mix(const std::string& spec, i
       throw Error(fmt::format("bad --mix entry '{}': the percent is not a number", part));
     }
     bool torch_bucket = bucket.size() == 1 && bucket[0] >= '1' && bucket[0] <= '5';
-    OPFORGE_CHECK(torch_bucket || bucket == "transformers",
-                  "bad --mix bucket '{}': use 1-5 (ops fused from torch) or transformers", bucket);
+    bool source_bucket = !bucket.empty() && std::islower(static_cast<unsigned char>(bucket[0])) &&
+                         std::all_of(bucket.begin(), bucket.end(), [](char c) {
+                           return std::islower(static_cast<unsigned char>(c)) || std::isdigit(static_cast<unsigned char>(c)) || c == '_';
+                         });
+    OPFORGE_CHECK(torch_bucket || source_bucket,
+                  "bad --mix bucket '{}': use 1-5 (ops fused from torch) or a seed source's name (transformers, local, "
+                  "a registered source: one of its modules per task)", bucket);
     OPFORGE_CHECK(p >= 0, "bad --mix entry '{}': negative percent", part);
     if (torch_bucket && bucket[0] - '0' > max_ops) continue;
     out.emplace_back(bucket, p);
@@ -75,7 +81,7 @@ json load_seeds(Db& db) {
   if (!has.step() || has.int64(0) == 0) return seeds;  // never crawled
   auto st = db.prepare(
       "SELECT id, name, source, category, spec, outputs, inputs, probe_ms, code FROM seeds "
-      "WHERE status = 'runnable' AND source IN ('torch', 'transformers') ORDER BY name");
+      "WHERE status = 'runnable' ORDER BY name");
   while (st.step()) {
     seeds.push_back({{"id", st.text(0)},
                      {"name", st.text(1)},
@@ -136,6 +142,19 @@ std::map<std::string, long> bucket_quotas(const std::vector<std::pair<std::strin
   std::sort(rem.begin(), rem.end(), [](auto& a, auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
   for (std::size_t i = 0; given < count; ++i, ++given) quota[rem[i % rem.size()].second]++;
   return quota;
+}
+
+// A bucket named after a source needs runnable seeds of that source: said before composing, not
+// after eight barren rounds.
+void check_module_buckets(const std::vector<std::pair<std::string, double>>& mix, const json& seeds,
+                          const Workspace& ws) {
+  for (auto& [bucket, p] : mix) {
+    if (std::isdigit(static_cast<unsigned char>(bucket[0])) || p == 0) continue;
+    bool any = std::any_of(seeds.begin(), seeds.end(), [&](const json& s) { return s["source"] == bucket; });
+    OPFORGE_CHECK(any, "--mix names the bucket '{}' but {} has no runnable seed of source '{}': crawl it (`opforge "
+                  "crawl --sources ...,{}`, or `--add DIR` for source local) or drop it from the mix", bucket,
+                  ws.root().string(), bucket, bucket);
+  }
 }
 
 // The arguments every block request of an offline backend carries; the graph backend adds its
@@ -211,6 +230,7 @@ ComposeSummary compose_offline(Workspace& ws, const ComposeOptions& opts,
                 ws.root().string(), ws.root().string());
   json mix_json = json::array();
   for (auto& [b, p] : mix) mix_json.push_back({b, p});
+  check_module_buckets(mix, seeds, ws);
   json args = backend_args(opts, seeds, mix_json);
   WorkerPoolOptions popts;
   popts.workers = opts.workers;
@@ -229,8 +249,8 @@ ComposeSummary compose_offline(Workspace& ws, const ComposeOptions& opts,
     for (int w = 0; w < opts.workers; ++w) {
       long block_start = (idx / kBlock) * kBlock;
       json a = args;
-      a.update({{"block", {block_start, block_start + kBlock}}, {"start", idx}});
-      reqs.push_back({{"op", "compose_" + opts.backend}, {"args", std::move(a)}});
+      a.update({{"block", {block_start, block_start + kBlock}}, {"start", idx}, {"backend", opts.backend}});
+      reqs.push_back({{"op", "compose_offline"}, {"args", std::move(a)}});
       idx = block_start + kBlock;
     }
     std::vector<json> records;
@@ -262,8 +282,8 @@ ComposeSummary compose_llm(Workspace& ws, const ComposeOptions& opts,
                            std::vector<std::pair<std::string, double>> mix) {
   Db& db = ws.db();
   ComposeSummary sum;
-  // transformers enter only as single-module tasks (template); the LLM fuses torch ops.
-  std::erase_if(mix, [](auto& b) { return b.first == "transformers"; });
+  // Whole-module sources enter only as single-module tasks (offline backends); the LLM fuses torch ops.
+  std::erase_if(mix, [](auto& b) { return !std::isdigit(static_cast<unsigned char>(b.first[0])); });
   OPFORGE_CHECK(!mix.empty(), "the llm backend composes torch ops: --mix has no bucket 1-5");
   double total = 0;
   for (auto& [b, p] : mix) total += p;
@@ -416,14 +436,14 @@ ComposeSummary compose(Workspace& ws, const ComposeOptions& opts) {
   auto mix = parse_mix(opts.mix, opts.max_ops);
   migrate(ws.db());
   ComposeSummary sum;
-  if (opts.backend == "template" || opts.backend == "graph") {
-    sum = compose_offline(ws, opts, mix);
-  } else if (opts.backend == "llm") {
+  if (opts.backend == "llm") {
     OPFORGE_CHECK(!opts.llm_url.empty() && !opts.llm_model.empty(),
                   "--backend llm needs --llm-url (an OpenAI-compatible endpoint) and --llm-model");
     sum = compose_llm(ws, opts, mix);
   } else {
-    throw Error(fmt::format("unknown --backend '{}': use graph, template or llm", opts.backend));
+    // graph, template, or a backend registered in Python (python/opforge/composers.py), which
+    // names the registered ones when this one is unknown.
+    sum = compose_offline(ws, opts, mix);
   }
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return sum;

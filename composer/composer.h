@@ -20,7 +20,8 @@ namespace opforge::composer {
 struct ComposeOptions {
   int count = 100;
   int max_ops = 5;
-  // bucket:percent list; buckets 1..5 (torch#K) and transformers (transformers#1). Ops-6K's mix.
+  // bucket:percent list; buckets 1..5 (torch#K) and a seed source's name (one of its whole
+  // modules per task: transformers#1, local#1, a registered source's). Ops-6K's mix.
   std::string mix = "1:3.4,2:83.8,3:7.6,4:2.8,5:1.2,transformers:1.2";
   // graph (real-model chains, docs/realism.md), template (uniform over the crawled seeds) or llm.
   std::string backend = "graph";

@@ -39,11 +39,13 @@ class Composer:
     def __init__(self, seeds, sizes):
         self.sizes = sizes
         self.torch_ops = []
-        self.transformers = []
+        # Whole-module seeds per source (transformers, local, registered sources): the mix
+        # bucket named after the source composes them as single-module tasks.
+        self.modules = {}
         for s in seeds:
-            if s["source"] == "transformers":
-                if len(s.get("inputs") or []) == 1:
-                    self.transformers.append(s)
+            if s["source"] != "torch":
+                if s["source"] != "transformers" or len(s.get("inputs") or []) == 1:
+                    self.modules.setdefault(s["source"], []).append(s)
                 continue
             spec = s.get("spec")
             outs = s.get("outputs") or []
@@ -53,7 +55,8 @@ class Composer:
                 continue
             self.torch_ops.append(s)
         self.torch_ops.sort(key=lambda s: s["name"])
-        self.transformers.sort(key=lambda s: s["name"])
+        for mods in self.modules.values():
+            mods.sort(key=lambda s: s["name"])
         self._fit = {}
 
     # -- shape propagation by execution ----------------------------------------------------------
@@ -204,7 +207,8 @@ def compose_block(make, seed, block, start, mix):
     """Candidates for indices start..block[1]-1 of the fixed block [block[0], block[1]), by
     make(rng, bucket, vary) -> record; shared by the backends.
 
-    mix: [[bucket, probability], ...], buckets "1".."5" or "transformers". Duplicates are retried
+    mix: [[bucket, probability], ...], buckets "1".."5" (fused ops) or a source's name (one of
+    its whole-module seeds: "transformers", "local", a registered source). Duplicates are retried
     against what the block made before, so a block is generated from its first index even when
     only its tail is asked for: candidate i never depends on how runs were cut into requests."""
     offset = random.Random(f"mix:{seed}").random()
@@ -239,8 +243,8 @@ def compose_template(seeds, sizes, seed, block, start, mix, target_ms=10.0, seed
     comp = _composer(seeds, sizes, seeds_key)
 
     def make(rng, bucket, vary):
-        if bucket == "transformers":
-            return _transformers_candidate(comp, rng, target_ms, vary)
+        if not bucket.isdigit():
+            return module_candidate(comp, rng, bucket, target_ms, vary)
         return _torch_candidate(comp, rng, int(bucket), target_ms, vary)
 
     return compose_block(make, seed, block, start, mix)
@@ -266,10 +270,11 @@ def _torch_candidate(comp, rng, k, target_ms, vary=0):
             "free_sizes": ["batch_size"], "estimated_ms": est * batch / base, "batch_size": batch}
 
 
-def _transformers_candidate(comp, rng, target_ms, vary=0):
-    if not comp.transformers:
-        return {"ok": False, "reason": "no_transformers_seeds", "message": "no runnable transformers seeds"}
-    s = rng.choice(comp.transformers)
+def module_candidate(comp, rng, source, target_ms, vary=0):
+    """One whole-module seed of `source` as a task, its batch (and sequence) scaled to the target."""
+    if not comp.modules.get(source):
+        return {"ok": False, "reason": "no_module_seeds", "message": f"no runnable seeds of source {source!r}"}
+    s = rng.choice(comp.modules[source])
     seq_mult = rng.choice([1, 2, 4, 8])
     code = s["code"]
     m = re.search(r"^seq_len = (\d+)$", code, re.M)
@@ -281,6 +286,6 @@ def _transformers_candidate(comp, rng, target_ms, vary=0):
     if m:
         batch = comp.target_batch(est, 1, target_ms, batch) * (vary or 1)
         code = code.replace(m.group(0), f"batch_size = {batch}", 1)
-    return {"ok": True, "code": code, "normalized": normalize_code(code), "source": "transformers", "num_ops": 1,
+    return {"ok": True, "code": code, "normalized": normalize_code(code), "source": source, "num_ops": 1,
             "ops": [s["name"]], "seed_ids": [s["id"]], "free_sizes": ["batch_size", "seq_len"],
             "estimated_ms": est * batch / 2, "batch_size": batch}

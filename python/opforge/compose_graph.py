@@ -18,7 +18,7 @@ import random
 import re
 
 from opforge import codegen
-from opforge.compose import _composer, _transformers_candidate, compose_block
+from opforge.compose import _composer, compose_block, module_candidate
 from opforge.normalize import normalize_code
 
 HEAVY = ("linear", "conv2d", "conv1d", "scaled_dot_product_attention", "matmul", "bmm", "addmm")
@@ -466,7 +466,7 @@ def graph_candidate(g, rng, k, target_ms, anchor_share, exotic_share):
     else:
         return {"ok": False, "reason": "no_size_fits", "message": f"no drawn size of a {k}-op chain fits {target_ms} ms"}
     code = render(ch, st0, batch)
-    return {"ok": True, "code": code, "normalized": normalize_code(code), "source": "graph", "num_ops": len(ch.ops),
+    return {"ok": True, "code": code, "normalized": normalize_code(code), "source": "torch", "num_ops": len(ch.ops),
             "ops": ch.ops, "seed_ids": ch.seed_ids, "free_sizes": ["batch_size"],
             "estimated_ms": round(estimate_ms(g, ch, batch), 3), "batch_size": batch,
             "anchored": any(o in HEAVY for o in ch.ops)}
@@ -490,8 +490,8 @@ def compose_graph(seeds, sizes, seed, block, start, mix, stats_path, target_ms=1
         _GRAMMARS[key] = g
 
     def make(rng, bucket, vary):
-        if bucket == "transformers":
-            return _transformers_candidate(_composer(seeds, sizes, seeds_key), rng, target_ms, vary)
+        if not bucket.isdigit():
+            return module_candidate(_composer(seeds, sizes, seeds_key), rng, bucket, target_ms, vary)
         return graph_candidate(g, rng, int(bucket), target_ms, anchor_share, exotic_share)
 
     return compose_block(make, seed, block, start, mix)

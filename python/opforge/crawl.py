@@ -15,7 +15,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from opforge import codegen
-from opforge.crawl_transformers import enumerate_transformers
 
 
 def load_rules(data_dir, name):
@@ -258,33 +257,13 @@ def enumerate_torch(rules, lay):
 
 # --- user seed files --------------------------------------------------------------------------
 
-def enumerate_files(paths):
-    items = []
-    files = []
-    for p in paths:
-        if os.path.isdir(p):
-            for root, _, names in os.walk(p):
-                files += [os.path.join(root, n) for n in names if n.endswith(".py")]
-        else:
-            files.append(p)
-    for f in sorted(files):
-        with open(f, encoding="utf-8", errors="replace") as fh:
-            code = fh.read()
-        stem = os.path.splitext(os.path.basename(f))[0]
-        items.append({"name": f"local.{stem}", "source": "local", "category": "local", "candidates": [code],
-                      "path": os.path.abspath(f)})
-    return items
-
-
 def enumerate_ops(data_dir, sources=("torch", "transformers"), files=(), match=None, limit=0):
+    """Items of the registered `sources` (opforge.sources) and of the --add `files` (source local)."""
+    from opforge import sources as S
+
     rules = load_rules(data_dir, "torch.json")
-    lay = Layouts(rules)
-    items = []
-    if "torch" in sources:
-        items += enumerate_nn(rules, lay) + enumerate_functional(rules, lay) + enumerate_torch(rules, lay)
-    if "transformers" in sources:
-        items += enumerate_transformers(load_rules(data_dir, "transformers.json"), lay)
-    items += enumerate_files(files)
+    items = S.enumerate_sources(list(sources), S.Context(data_dir, rules, Layouts(rules)))
+    items += S.folder_items(files, "local")
     if match:
         rx = re.compile(match)
         items = [it for it in items if rx.search(it["name"])]
