@@ -19,6 +19,7 @@
 #include "opforge/core/files.h"
 #include "opforge/core/worker_pool.h"
 #include "evaluator.h"
+#include "dedup.h"
 #include "realism.h"
 
 namespace opforge::exporter {
@@ -243,8 +244,17 @@ constexpr const char* kRecordsSql =
     "d.kernelbench_problem FROM dedup_results d JOIN tasks t ON t.id = d.task_id "
     "JOIN filter_results f ON f.task_id = t.id WHERE d.kept = 1 AND f.verdict = 'accepted' ORDER BY t.id";
 
+// A record's op signature: its traced ops in dedup's token vocabulary (aliases merged, layout-only
+// ops left out). The split goes by its hash, so tasks computing one op sequence, which is what a
+// renamed or resized near copy keeps, are never on both sides.
+std::string signature_of(const json& ops, const json& table) {
+  std::string sig;
+  for (auto& t : dedup::op_tokens(ops, table)) sig += (sig.empty() ? "" : " ") + t;
+  return sig;
+}
+
 // One exported record from a row of kRecordsSql.
-Record record_of(const Stmt& st, const ExportOptions& opts) {
+Record record_of(const Stmt& st, const ExportOptions& opts, const json& table) {
   Record r;
   r.id = st.text(0);
   r.source = st.text(1);
@@ -261,7 +271,10 @@ Record record_of(const Stmt& st, const ExportOptions& opts) {
   json metrics = parse_or(st, 9, json::object());
   json decon = {{"nearest_ref", nullable_text(st, 10)}, {"ref_similarity", nullable_real(st, 11)},
                 {"nearest_task", nullable_text(st, 12)}, {"task_similarity", nullable_real(st, 13)},
-                {"kernelbench_problem", nullable_text(st, 14)}};
+                {"kernelbench_problem", nullable_text(st, 14)},
+                // A train record's nearest train record is itself (cosine 1); nearest_train() sets
+                // the test records'. Never null: `datasets` takes one schema from the first shard.
+                {"nearest_train", st.text(0)}, {"train_similarity", 1.0}};
   r.ref_sim = st.is_null(11) ? NAN : st.real(11);
   r.task_sim = st.is_null(13) ? NAN : st.real(13);
   if (metrics.is_object()) {
@@ -269,19 +282,21 @@ Record record_of(const Stmt& st, const ExportOptions& opts) {
     if (auto it = metrics.find("device"); it != metrics.end() && it->is_string()) r.device = it->get<std::string>();
     if (auto it = metrics.find("torch"); it != metrics.end() && it->is_string()) r.torch = it->get<std::string>();
   }
+  std::string sig = signature_of(ops, table);
   r.row = {{"id", r.id},         {"ops", ops},           {"data_source", data_source},
            {"code", st.text(7)}, {"num_ops", num_ops},   {"metrics", metrics},
            {"provenance", prov}, {"decontamination", decon},
-           {"split", split_of(r.id, opts.split_seed, opts.test_fraction)}};
+           {"split", split_of(sig, opts.split_seed, opts.test_fraction)}, {"split_cluster", xxh3_hex(sig)}};
   return r;
 }
 
 // Kept tasks in id order; counts the splits into sum.
 std::vector<Record> load_records(Db& db, const ExportOptions& opts, ExportSummary& sum) {
   std::vector<Record> recs;
+  json table = json::parse(read_text(data_dir() / "kernelbench_ops.json"));
   auto st = db.prepare(kRecordsSql);
   while (st.step()) {
-    recs.push_back(record_of(st, opts));
+    recs.push_back(record_of(st, opts, table));
     (recs.back().row["split"] == "test" ? sum.test : sum.train)++;
   }
   sum.records = static_cast<long>(recs.size());
@@ -487,16 +502,51 @@ std::string card_of(const ExportOptions& opts, const ExportSummary& sum, const j
       "- device of the timings: {}\n\n"
       "Fields: `ops` (traced operators), `data_source` (`torch#K`, `transformers#1`, `imported#K`), `code`,\n"
       "`id`, `num_ops`, `metrics` (eager and compile times, speed-up, ...), `provenance`, `decontamination`\n"
-      "(nearest KernelBench reference and nearest other task, with cosines), `split`.\n"
+      "(nearest KernelBench reference and nearest other task, with cosines; for a test record its nearest train\n"
+      "record, `nearest_train` and `train_similarity`, which for a train record are itself and 1), `split`,\n"
+      "`split_cluster`.\n\n"
+      "The splits are drawn by op-signature cluster (the hash of a record's op sequence, aliases merged), not by\n"
+      "record: tasks that compute the same op sequence, as a renamed or resized near copy does, are on one side.\n\n"
+      "License and attribution: tasks are derived from PyTorch (BSD-3-Clause) operators and from modules of\n"
+      "Hugging Face transformers (Apache-2.0); KernelBench look-alikes were removed, and no KernelBench code is included.\n"
       "`manifest.json` holds checksums, the export config and versions; `stats/` the funnel and histograms.\n"
       "{}",
       data_files, version(), sum.records, sum.train, sum.test, manifest["shards"].size(),
       manifest["device"].get<std::string>(), realism_lines(stats));
 }
 
-// One worker for the realism traces and the plots, started only when one of them is wanted.
-std::unique_ptr<WorkerPool> worker_for(const Workspace& ws, const ExportOptions& opts) {
-  if (!opts.plots && !opts.realism) return nullptr;
+// Each test record's nearest train record and their cosine, by dedup's structural vectors
+// (dedup::hashed_vector over python/opforge/features.py's tokens): what a reader of the test
+// split checks to see that it does not leak.
+void nearest_train(WorkerPool& pool, std::vector<Record>& recs) {
+  std::vector<std::size_t> train, test;
+  for (std::size_t i = 0; i < recs.size(); ++i) (recs[i].row["split"] == "test" ? test : train).push_back(i);
+  if (test.empty() || train.empty()) return;
+  json items = json::array();
+  for (auto& r : recs) items.push_back({{"code", r.row["code"]}, {"ops", r.row["ops"]}});
+  WorkerResult res = pool.call({{"op", "features"}, {"args", {{"items", items}}}});
+  OPFORGE_CHECK(res.outcome == Outcome::ok && res.reply.value("ok", false), "features of the exported records failed "
+                "({} {}: {})", outcome_name(res.outcome), res.reason, res.reply.value("message", ""));
+  dedup::DedupOptions d;
+  std::vector<std::vector<float>> vec;
+  for (auto& f : res.reply["result"]) vec.push_back(dedup::hashed_vector(f["tokens"], d.dims, d.ops_weight));
+  for (std::size_t t : test) {
+    std::size_t best = train.front();
+    double best_cos = -2;
+    for (std::size_t j : train) {
+      double c = 0;
+      for (std::size_t k = 0; k < vec[t].size(); ++k) c += static_cast<double>(vec[t][k]) * vec[j][k];
+      if (c > best_cos) best = j, best_cos = c;
+    }
+    recs[t].row["decontamination"]["nearest_train"] = recs[best].id;
+    recs[t].row["decontamination"]["train_similarity"] = std::round(best_cos * 1e4) / 1e4;
+  }
+}
+
+// One worker for the realism traces, the test split's nearest train records and the plots,
+// started only when one of them is wanted.
+std::unique_ptr<WorkerPool> worker_for(const Workspace& ws, const ExportOptions& opts, const ExportSummary& sum) {
+  if (!opts.plots && !opts.realism && sum.test == 0) return nullptr;
   WorkerPoolOptions popts;
   popts.workers = 1;
   popts.log_file = ws.logs_dir() / "workers.log";
@@ -539,12 +589,13 @@ ExportSummary export_dataset(Workspace& ws, const ExportOptions& opts) {
   OPFORGE_CHECK(!opts.out.empty(), "--out is required: the folder the dataset is written to");
   long accepted = check_deduped(db, ws);
   std::vector<Record> recs = load_records(db, opts, sum);
+  auto pool = worker_for(ws, opts, sum);
+  if (sum.test > 0) nearest_train(*pool, recs);
 
   const fs::path dir = staging_dir(opts.out);
   json files = opts.format == "jsonl" ? write_shards(dir, recs, opts) : write_kernelbench_files(dir, recs);
   sum.files = static_cast<long>(files.size());
   json stats = stats_of(recs, funnel_of(db, accepted, sum));
-  auto pool = worker_for(ws, opts);
   if (opts.realism) stats["realism"] = realism_of(*pool, recs, opts);
   json manifest = manifest_of(db, recs, opts, sum, files, write_stats(dir, stats));
   write_bytes(dir / "manifest.json", pretty(manifest));

@@ -5,6 +5,8 @@
 // a workspace that dedup has not seen must be refused with a message saying what to run.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -143,7 +145,19 @@ TEST(Export, SameWorkspaceGivesTheSameBytesAndTheManifestChecksumsThem) {
     EXPECT_EQ(r["provenance"]["backend"], "import");
     EXPECT_TRUE(r["provenance"]["seed_ids"].is_array());
     EXPECT_TRUE(r["decontamination"].contains("task_similarity"));
-    EXPECT_EQ(r["split"], exporter::split_of(r["id"], 7, 0.5));
+    // Split by op-signature cluster: the cluster's hash decides, so one cluster is on one side.
+    EXPECT_EQ(r["split_cluster"].get<std::string>().size(), 16u);
+    for (auto& other : recs)
+      if (other["split_cluster"] == r["split_cluster"]) EXPECT_EQ(other["split"], r["split"]) << r["id"];
+    if (r["split"] == "test") {
+      // Its nearest train record, by the cosine dedup uses.
+      const json& near = r["decontamination"]["nearest_train"];
+      ASSERT_TRUE(near.is_string()) << r.dump();
+      bool in_train = false;
+      for (auto& other : recs) in_train |= other["id"] == near && other["split"] == "train";
+      EXPECT_TRUE(in_train) << near;
+      EXPECT_LE(std::abs(r["decontamination"]["train_similarity"].get<double>()), 1.0001);
+    }
     // In id order within each split (the shards of train come first, then those of test).
     if (i > 0 && recs[i - 1]["split"] == r["split"])
       EXPECT_LT(recs[i - 1]["id"].get<std::string>(), r["id"].get<std::string>()) << "id order";
@@ -158,6 +172,8 @@ TEST(Export, SameWorkspaceGivesTheSameBytesAndTheManifestChecksumsThem) {
   EXPECT_EQ(card.rfind("---\nconfigs:\n- config_name: default\n", 0), 0u) << card;
   EXPECT_NE(card.find("- split: train\n    path: \"ops-train-*.jsonl\""), std::string::npos) << card;
   EXPECT_NE(card.find("- split: test\n    path: \"ops-test-*.jsonl\""), std::string::npos) << card;
+  EXPECT_NE(card.find("License and attribution"), std::string::npos) << card;
+  EXPECT_NE(card.find("| this dataset | 10 |"), std::string::npos) << "the realism figures\n" << card;
 
   // The card is what Hugging Face `datasets` reads when pointed at the folder.
   test::TempDir hf;
