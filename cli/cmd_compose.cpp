@@ -45,6 +45,11 @@ void add_compose(CLI::App& app, Runner& run) {
                   "graph: share of multi-op tasks built around a GEMM, convolution or attention")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
+  cmd->add_option("--edge-smoothing", o->c.edge_smoothing,
+                  "graph: weight of a next op no real model has after the current one (a real edge weighs the number "
+                  "of model families with it); 0 walks real edges only, more gives more distinct tasks")
+      ->check(CLI::Range(0.0, 100.0))
+      ->capture_default_str();
   cmd->add_option("--exotic-share", o->c.exotic_share,
                   "graph: share of multi-op tasks given one crawled op real models do not use (diversity)")
       ->check(CLI::Range(0.0, 1.0))

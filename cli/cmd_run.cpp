@@ -117,6 +117,7 @@ Preset load_preset(const std::string& name_or_path) {
       .field("stats", s.compose.stats)
       .field("anchor_share", s.compose.anchor_share)
       .field("exotic_share", s.compose.exotic_share)
+      .field("edge_smoothing", s.compose.edge_smoothing)
       .field("workers", s.compose.workers)
       .field("llm_url", s.compose.llm_url)
       .field("llm_model", s.compose.llm_model)

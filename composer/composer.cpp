@@ -167,7 +167,7 @@ json backend_args(const ComposeOptions& opts, const json& seeds, const json& mix
     OPFORGE_CHECK(std::filesystem::is_regular_file(stats), "the graph backend needs the real-model table {}: "
                   "regenerate it with `opforge model-stats` or pass --stats FILE", stats.string());
     args.update({{"stats_path", stats.string()}, {"device", opts.device}, {"anchor_share", opts.anchor_share},
-                 {"exotic_share", opts.exotic_share}});
+                 {"exotic_share", opts.exotic_share}, {"edge_smoothing", opts.edge_smoothing}});
   }
   return args;
 }
@@ -185,6 +185,12 @@ struct OfflineRun {
   // One candidate record of a block, in index order: a task, or a failure with its reason.
   void commit(const json& rec, Progress& progress) {
     long i = rec["index"];
+    if (!rec.contains("bucket")) {  // an index that killed its worker (replay_block)
+      fail(i, "", rec["reason"], rec["message"]);
+      ++sum.failed;
+      ++sum.failures[rec["reason"].get<std::string>()];
+      return;
+    }
     std::string bucket = rec["bucket"];
     if (added_in[bucket] >= quota[bucket]) return fail(i, bucket, "over_quota", "bucket already full in this run");
     if (!rec.value("ok", false)) {
@@ -220,6 +226,30 @@ struct OfflineRun {
   }
 };
 
+// A block whose worker died (a seed op that segfaults, hangs or eats memory inside the composer)
+// is composed again one index per request, skipping the indices that killed a worker: each of
+// those becomes a failure with the pool's reason, the rest of the block is composed as before.
+void replay_block(WorkerPool& pool, const json& request, std::vector<json>& records) {
+  const json& a = request["args"];
+  long first = a["start"], end = a["block"][1];
+  json crashed = json::array();
+  for (long i = first; i < end; ++i) {
+    json req = request;
+    req["args"].update({{"start", i}, {"end", i + 1}, {"crashed", crashed}});
+    WorkerResult r = pool.call(req);
+    if (r.outcome == Outcome::ok && r.reply.value("ok", false)) {
+      for (auto& rec : r.reply["result"]) records.push_back(std::move(rec));
+      continue;
+    }
+    OPFORGE_CHECK(r.outcome != Outcome::ok, "the composer failed: {}: {}\n{}", r.reply.value("error", ""),
+                  r.reply.value("message", ""), r.reply.value("traceback", ""));
+    spdlog::warn("compose: index {} killed its worker ({}: {}); recorded, the block goes on", i, outcome_name(r.outcome),
+                 r.reason);
+    crashed.push_back(i);
+    records.push_back({{"index", i}, {"ok", false}, {"reason", outcome_name(r.outcome)}, {"message", r.reason}});
+  }
+}
+
 // The offline backends (template, graph): rounds of fixed 64-index blocks, one request per worker
 // (python/opforge/compose.py: compose_block), committed in index order so the outcome does not
 // depend on which worker finished first.
@@ -254,13 +284,14 @@ ComposeSummary compose_offline(Workspace& ws, const ComposeOptions& opts,
       idx = block_start + kBlock;
     }
     std::vector<json> records;
+    std::vector<std::size_t> died;
     pool.run(reqs, [&](WorkerResult&& r) {
-      OPFORGE_CHECK(r.outcome == Outcome::ok, "a composer worker failed: {} {}\n{}", outcome_name(r.outcome),
-                    r.reason, r.log_tail);
+      if (r.outcome != Outcome::ok) return died.push_back(r.index);
       OPFORGE_CHECK(r.reply.value("ok", false), "the composer failed: {}: {}\n{}", r.reply.value("error", ""),
                     r.reply.value("message", ""), r.reply.value("traceback", ""));
       for (auto& rec : r.reply["result"]) records.push_back(std::move(rec));
     });
+    for (std::size_t k : died) replay_block(pool, reqs[k], records);
     std::sort(records.begin(), records.end(),
               [](const json& a, const json& b) { return a["index"].get<long>() < b["index"].get<long>(); });
     long added_before = run.sum.added;

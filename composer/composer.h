@@ -31,9 +31,11 @@ struct ComposeOptions {
   // graph backend: the real-model table (empty: data/real_models/stats.json), the device its
   // cost model sizes for (cpu | cuda; never measured, so any machine composes the same tasks),
   // the share of multi-op chains anchored on a GEMM/convolution/attention, and of chains given
-  // one crawled op real models do not use.
+  // one crawled op real models do not use; edge_smoothing is the weight of an op after another
+  // that no real model has (a real edge weighs the number of families that have it): 0 walks
+  // real edges only, more gives more distinct structures and fewer real pairs (docs/realism.md).
   std::string stats, device = "cpu";
-  double anchor_share = 0.9, exotic_share = 0.05;
+  double anchor_share = 0.9, exotic_share = 0.05, edge_smoothing = 0.5;
   // llm backend
   std::string llm_url, llm_model, llm_key_env = "OPENAI_API_KEY";
   int llm_concurrency = 8;

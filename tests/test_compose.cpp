@@ -203,3 +203,29 @@ TEST_F(Compose, GraphCandidatesRunInEagerWithRealWidths) {
   ASSERT_TRUE(pv.step());
   EXPECT_EQ(pv.int64(0), 16);
 }
+
+// A seed op that kills the composer's worker (here a segfault when the template backend runs it
+// to check a chain's shapes) costs only the indices that drew it: each is a recorded failure
+// with the pool's reason, and the command adds its count from the other indices.
+TEST_F(Compose, ASeedThatKillsTheWorkerIsARecordedFailureNotTheEndOfTheCommand) {
+  auto ws = fresh("crash");
+  {
+    Db db(ws / "opforge.db");
+    db.exec("CREATE TEMP TABLE t AS SELECT * FROM seeds WHERE name = 'torch.abs';"
+            "UPDATE t SET name = 'torch.zz_segfault', id = 'c0ffee0000000000', "
+            "spec = json_set(spec, '$.forward', '__import__(''ctypes'').string_at(0)', '$.name', 'torch.zz_segfault');"
+            "INSERT INTO seeds SELECT * FROM t;");
+  }
+  auto r = test::run_opforge({"compose", "--workspace", ws.string(), "--backend", "template", "--count", "20", "--mix",
+                              "1:100", "--seed", "5", "-j", "1"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(tasks(ws).size(), 20u);
+  EXPECT_NE(r.err.find("killed its worker"), std::string::npos) << r.err;
+  Db db(ws / "opforge.db");
+  auto st = db.prepare("SELECT count(*) FROM compose_failures WHERE reason = 'worker_crash'");
+  ASSERT_TRUE(st.step());
+  EXPECT_GE(st.int64(0), 1) << "the crashing seed was drawn at least once\n" << r.err;
+  auto used = db.prepare("SELECT count(*) FROM tasks WHERE ops LIKE '%zz_segfault%'");
+  ASSERT_TRUE(used.step());
+  EXPECT_EQ(used.int64(0), 0);
+}

@@ -203,9 +203,11 @@ def _composer(seeds, sizes, seeds_key):
     return comp
 
 
-def compose_block(make, seed, block, start, mix):
-    """Candidates for indices start..block[1]-1 of the fixed block [block[0], block[1]), by
-    make(rng, bucket, vary) -> record; shared by the backends.
+def compose_block(make, seed, block, start, mix, end=None, crashed=()):
+    """Candidates for indices start..block[1]-1 (or ..end-1) of the fixed block [block[0],
+    block[1]), by make(rng, bucket, vary) -> record; shared by the backends. Indices in `crashed`
+    killed a worker before (a seed op that segfaults): they are skipped, and the supervisor
+    records them, so replaying a block one index at a time gets past them.
 
     mix: [[bucket, probability], ...], buckets "1".."5" (fused ops) or a source's name (one of
     its whole-module seeds: "transformers", "local", a registered source). Duplicates are retried
@@ -214,7 +216,10 @@ def compose_block(make, seed, block, start, mix):
     offset = random.Random(f"mix:{seed}").random()
     seen = set()  # per request, so the outcome never depends on which worker ran what before
     out = []
-    for index in range(block[0], block[1]):
+    skip = set(crashed)
+    for index in range(block[0], end or block[1]):
+        if index in skip:
+            continue
         bucket = _bucket(index, mix, offset)
         rec = {"index": index, "bucket": bucket}
         # A candidate equal to one already made here is retried with another draw (and, for the
@@ -238,7 +243,7 @@ def compose_block(make, seed, block, start, mix):
     return out
 
 
-def compose_template(seeds, sizes, seed, block, start, mix, target_ms=10.0, seeds_key=None):
+def compose_template(seeds, sizes, seed, block, start, mix, target_ms=10.0, seeds_key=None, end=None, crashed=()):
     """Handler `compose_template`: the template backend's candidates of one block (compose_block)."""
     comp = _composer(seeds, sizes, seeds_key)
 
@@ -247,7 +252,7 @@ def compose_template(seeds, sizes, seed, block, start, mix, target_ms=10.0, seed
             return module_candidate(comp, rng, bucket, target_ms, vary)
         return _torch_candidate(comp, rng, int(bucket), target_ms, vary)
 
-    return compose_block(make, seed, block, start, mix)
+    return compose_block(make, seed, block, start, mix, end, crashed)
 
 
 def _torch_candidate(comp, rng, k, target_ms, vary=0):

@@ -74,7 +74,7 @@ class Chain:
 
 
 class Grammar:
-    def __init__(self, stats, device, torch_seeds=(), sizes=()):
+    def __init__(self, stats, device, torch_seeds=(), sizes=(), smoothing=0.5):
         self.edges = {}
         for key, n in stats["families_per_edge"].items():
             a, b = key.split(" -> ")
@@ -86,6 +86,7 @@ class Grammar:
         self.heads = sorted({(s[1], s[3]) for s in _shapes(stats, "scaled_dot_product_attention")
                              if len(s) == 4 and 4 <= s[1] <= 64 and 32 <= s[3] <= 128}) or [(12, 64)]
         self.exotic = [s for s in torch_seeds if _pure(s, sizes)]
+        self.smoothing = smoothing
 
     # -- which ops may come next --------------------------------------------------------------
     def applicable(self, st, prev, heavy_left, ch=None):
@@ -112,9 +113,11 @@ class Grammar:
         return [o for o in ops if o != prev or o in ("add", "linear", "conv2d")]
 
     def next_op(self, rng, st, prev, heavy_left, ch=None):
+        """The next op: real edges weighted by how many model families have them, every other
+        applicable op by `smoothing` (so structures real models have not shown stay reachable)."""
         cands = self.applicable(st, prev, heavy_left, ch)
         real = self.edges.get(prev, {})
-        weights = [real.get(c, 0) for c in cands]
+        weights = [real.get(c, 0) + self.smoothing for c in cands]
         if sum(weights) == 0:
             return rng.choice(cands)
         return rng.choices(cands, weights=weights)[0]
@@ -476,16 +479,16 @@ _GRAMMARS = {}
 
 
 def compose_graph(seeds, sizes, seed, block, start, mix, stats_path, target_ms=10.0, seeds_key=None, device="cpu",
-                  anchor_share=0.9, exotic_share=0.05):
+                  anchor_share=0.9, exotic_share=0.05, edge_smoothing=0.5, end=None, crashed=()):
     """Handler `compose_graph`: the graph backend's candidates of one block (compose.compose_block).
     A worker keeps the grammar of the last (stats, seeds, device), like the template's Composer."""
-    key = (stats_path, seeds_key, device)
+    key = (stats_path, seeds_key, device, edge_smoothing)
     g = _GRAMMARS.get(key)
     if g is None:
         import json
 
         with open(stats_path) as f:
-            g = Grammar(json.load(f), device, seeds, sizes)
+            g = Grammar(json.load(f), device, seeds, sizes, edge_smoothing)
         _GRAMMARS.clear()
         _GRAMMARS[key] = g
 
@@ -494,4 +497,4 @@ def compose_graph(seeds, sizes, seed, block, start, mix, stats_path, target_ms=1
             return module_candidate(_composer(seeds, sizes, seeds_key), rng, bucket, target_ms, vary)
         return graph_candidate(g, rng, int(bucket), target_ms, anchor_share, exotic_share)
 
-    return compose_block(make, seed, block, start, mix)
+    return compose_block(make, seed, block, start, mix, end, crashed)
