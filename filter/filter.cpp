@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <fstream>
@@ -49,8 +50,16 @@ CREATE TABLE filter_configs (hash TEXT PRIMARY KEY, config TEXT NOT NULL);  -- w
 json config_of(const FilterOptions& o, const std::string& device) {
   // Everything that changes a verdict; not the workers, limits or timeouts, which only decide
   // whether a verdict is reached (and an environment failure is retried alone).
-  return {{"filter", kFilterVersion}, {"device", device}, {"min_ms", o.min_ms},  {"max_ms", o.max_ms},
-          {"calibrate", o.calibrate}, {"rtol", o.rtol},    {"atol", o.atol},      {"trials", o.trials}};
+  json c = {{"filter", kFilterVersion}, {"device", device}, {"min_ms", o.min_ms},  {"max_ms", o.max_ms},
+            {"calibrate", o.calibrate}, {"rtol", o.rtol},    {"atol", o.atol},      {"trials", o.trials}};
+  // Only when some are off, so the hash of the full filter stays what verdicts already carry.
+  if (!o.skip_checks.empty()) {
+    std::vector<std::string> off = o.skip_checks;
+    std::sort(off.begin(), off.end());
+    off.erase(std::unique(off.begin(), off.end()), off.end());
+    c["skip_checks"] = off;
+  }
+  return c;
 }
 
 namespace {
@@ -155,6 +164,7 @@ json judge_request(const Job& j, const FilterOptions& opts, const std::string& d
             {"rtol", opts.rtol},
             {"atol", opts.atol},
             {"trials", opts.trials},
+            {"skip_checks", opts.skip_checks},
             {"timing_lock", nullptr}}}};
 }
 

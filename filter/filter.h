@@ -28,7 +28,14 @@ struct FilterOptions {
   int limit = 0;                // judge at most N tasks (0: all)
   std::vector<std::string> rejudge;  // stored rejections with these reasons are judged again ("all": every one)
   bool rejudge_stale = false;        // and verdicts made under another configuration
+  // Checks switched off for this run (kChecks names them). Part of the configuration, so verdicts
+  // made with another set show as stale and --rejudge-stale applies this set to them.
+  std::vector<std::string> skip_checks;
 };
+
+// The checks a run may switch off, in the order they run (python/opforge/filter.py: CHECKS).
+inline const std::vector<std::string> kChecks = {"finite", "deterministic", "non_constant", "input_sensitive",
+                                                 "time_window", "compile"};
 
 // The filter's own version, part of every verdict's configuration hash: raise it when a check
 // changes what it accepts, so verdicts of the old checks show as stale.

@@ -230,3 +230,39 @@ TEST(Filter, EnvironmentFailuresAreJudgedAloneRejudgedVerdictsKeepTheirHistoryAn
   EXPECT_EQ(got["padded"].verdict, "accepted");
   EXPECT_EQ(got["zero"].history.size(), 2u);
 }
+
+// A check switched off for a run is part of its configuration: the constant task passes with
+// non_constant and input_sensitive off, and switching them back on judges that verdict again
+// (--rejudge-stale).
+TEST(Filter, ChecksCanBeSwitchedPerRunAndAppliedAgainToJudgedTasks) {
+  test::TempDir dir;
+  test::write_file(dir / "in" / "zero.py", kZero);
+  auto ws = dir / "ws";
+  ASSERT_EQ(test::run_opforge({"import", "--workspace", ws.string(), (dir / "in").string()}).exit_code, 0);
+  std::vector<std::string> base = {"filter", "--workspace", ws.string(), "--device", "cpu", "--workers", "1",
+                                   "--min-ms", "0", "--skip-check", "compile"};
+  auto with = [&](std::vector<std::string> extra) {
+    auto args = base;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return test::run_opforge(args);
+  };
+  auto r = with({"--skip-check", "non_constant", "--skip-check", "input_sensitive"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("\"skip_checks\":[\"compile\",\"input_sensitive\",\"non_constant\"]"), std::string::npos)
+      << r.err;
+  auto got = rows(ws);
+  EXPECT_EQ(got["zero"].verdict, "accepted") << got["zero"].reason;
+  std::string skipped_config = got["zero"].config;
+
+  r = with({"--rejudge-stale"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  got = rows(ws);
+  EXPECT_EQ(got["zero"].reason, "constant_output");
+  EXPECT_NE(got["zero"].config, skipped_config);
+  ASSERT_EQ(got["zero"].history.size(), 1u);
+  EXPECT_EQ(got["zero"].history[0]["verdict"], "accepted");
+
+  r = test::run_opforge({"filter", "--workspace", ws.string(), "--skip-check", "nope"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("nope"), std::string::npos) << r.err;
+}

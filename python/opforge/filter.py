@@ -19,6 +19,9 @@ from opforge import timing
 from opforge.tracing import OpTracer
 
 MAX_CALIBRATION_STEPS = 4
+# The checks a run may switch off (filter --skip-check), in the order they run; loading and
+# running in eager are not optional: without them there is no task.
+CHECKS = ("finite", "deterministic", "non_constant", "input_sensitive", "time_window", "compile")
 
 
 class Reject(Exception):
@@ -61,7 +64,7 @@ def _guard(reason, fn):
         raise Reject(reason, f"{type(e).__name__}: {str(e)[:1500]}") from None
 
 
-def eager_checks(code, device, rtol, atol, gpu_lock=None):
+def eager_checks(code, device, rtol, atol, gpu_lock=None, skip=frozenset()):
     """Load, run and check everything but timing and compile. Returns (module, model, inputs, out).
 
     Loading and building run unlocked: weights and inputs are made on the CPU (seconds for the
@@ -86,30 +89,33 @@ def eager_checks(code, device, rtol, atol, gpu_lock=None):
             return model(*xs)
 
     with timing.shared(gpu_lock):
-        return _run_checks(model, inputs_a, inputs_b, first, mod, tracer)
+        return _run_checks(model, inputs_a, inputs_b, first, mod, tracer, skip)
 
 
-def _run_checks(model, inputs_a, inputs_b, first, mod, tracer):
+def _run_checks(model, inputs_a, inputs_b, first, mod, tracer, skip=frozenset()):
     out_a = _leaves(_guard("eager_error", first))
-    for t in out_a:
-        if t.is_floating_point() or t.is_complex():
-            if not torch.isfinite(t).all():
+    if "finite" not in skip:
+        for t in out_a:
+            if (t.is_floating_point() or t.is_complex()) and not torch.isfinite(t).all():
                 raise Reject("non_finite", f"output of shape {list(t.shape)} holds NaN or Inf")
-    # Same weights, same inputs, RNG moved: a stochastic op (dropout in training mode, torch.rand*)
-    # gives a different answer.
-    torch.manual_seed(987654321)
-    out_a2 = _leaves(_guard("eager_error", lambda: _run(model, inputs_a)))
-    if not _same(out_a, out_a2, rtol=1e-5, atol=1e-6):
-        raise Reject("nondeterministic", f"two runs on the same inputs differ by up to {_max_diff(out_a, out_a2):.3g}")
-    for t in out_a:
-        if t.numel() > 1:
-            f = t.double() if not t.is_complex() else t.abs().double()
-            rng = (f.max() - f.min()).item()
-            if rng < 1e-6 or f.std().item() < 1e-7:
-                raise Reject("constant_output", f"output of shape {list(t.shape)} is constant (range {rng:.3g})")
-    out_b = _leaves(_guard("eager_error", lambda: _run(model, inputs_b)))
-    if _same(out_a, out_b, rtol=1e-4, atol=1e-5):
-        raise Reject("input_insensitive", "two different input sets give the same output")
+    if "deterministic" not in skip:
+        # Same weights, same inputs, RNG moved: a stochastic op (dropout in training mode,
+        # torch.rand*) gives a different answer.
+        torch.manual_seed(987654321)
+        out_a2 = _leaves(_guard("eager_error", lambda: _run(model, inputs_a)))
+        if not _same(out_a, out_a2, rtol=1e-5, atol=1e-6):
+            raise Reject("nondeterministic", f"two runs on the same inputs differ by up to {_max_diff(out_a, out_a2):.3g}")
+    if "non_constant" not in skip:
+        for t in out_a:
+            if t.numel() > 1:
+                f = t.double() if not t.is_complex() else t.abs().double()
+                rng = (f.max() - f.min()).item()
+                if rng < 1e-6 or f.std().item() < 1e-7:
+                    raise Reject("constant_output", f"output of shape {list(t.shape)} is constant (range {rng:.3g})")
+    if "input_sensitive" not in skip:
+        out_b = _leaves(_guard("eager_error", lambda: _run(model, inputs_b)))
+        if _same(out_a, out_b, rtol=1e-4, atol=1e-5):
+            raise Reject("input_insensitive", "two different input sets give the same output")
     return mod, model, inputs_a, out_a, tracer.ops
 
 
@@ -150,6 +156,11 @@ def judge(*args, **kwargs):
             torch.cuda.empty_cache()
 
 
+def _accepted(metrics, ops, code, original, calibration):
+    return {"verdict": "accepted", "reason": None, "detail": "", "metrics": metrics, "ops": ops,
+            "code": code, "original_code": original if calibration else None, "calibration": calibration}
+
+
 def _limit_gpu_memory():
     # Workers share a GPU: one task must not take the memory its neighbours are using.
     frac = os.environ.get("OPFORGE_GPU_MEM_FRACTION")
@@ -159,8 +170,12 @@ def _limit_gpu_memory():
 
 
 def _judge(code, device="cpu", min_ms=1.0, max_ms=100.0, calibrate=True, free_sizes=("batch_size",),
-          rtol=1e-2, atol=1e-2, timing_lock=None, trials=20, compile_mode=None):
+          rtol=1e-2, atol=1e-2, timing_lock=None, trials=20, compile_mode=None, skip_checks=()):
     device = T.resolve_device(device)
+    skip = frozenset(skip_checks)
+    unknown = skip - set(CHECKS)
+    if unknown:
+        raise ValueError(f"unknown checks {sorted(unknown)}: the filter's checks are {', '.join(CHECKS)}")
     _limit_gpu_memory()
     # The supervisor names the lock of this worker's GPU (or of the CPU) in the environment.
     timing_lock = timing_lock or os.environ.get("OPFORGE_TIMING_LOCK")
@@ -171,12 +186,12 @@ def _judge(code, device="cpu", min_ms=1.0, max_ms=100.0, calibrate=True, free_si
     try:
         for step in range(MAX_CALIBRATION_STEPS + 1):
             mod, model, inputs, out, ops = eager_checks(code, device, rtol, atol,
-                                                        timing.check_lock(timing_lock, device))
+                                                        timing.check_lock(timing_lock, device), skip)
             eager = _guard("eager_error", lambda: timing.time_fn(lambda: _run(model, inputs), device, trials=trials,
                                                                  lock_path=timing_lock))
             med = eager["median_ms"]
             target = math.sqrt(min_ms * max_ms)
-            if min_ms <= med <= max_ms:
+            if min_ms <= med <= max_ms or "time_window" in skip:
                 break
             numel = sum(x.numel() for x in inputs if isinstance(x, torch.Tensor))
             scaled = (_scale_code(code, free_sizes, target / med, numel)
@@ -189,6 +204,8 @@ def _judge(code, device="cpu", min_ms=1.0, max_ms=100.0, calibrate=True, free_si
             code, name, old, new = scaled
             calibration.append({"size": name, "from": old, "to": new, "eager_ms": med})
         metrics.update(eager_ms=eager["median_ms"], eager=eager)
+        if "compile" in skip:
+            return _accepted(metrics, ops, code, original, calibration)
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(device)
         t0 = time.perf_counter()
@@ -203,8 +220,7 @@ def _judge(code, device="cpu", min_ms=1.0, max_ms=100.0, calibrate=True, free_si
                        compile_speedup=eager["median_ms"] / comp["median_ms"] if comp["median_ms"] > 0 else None)
         if device.startswith("cuda"):
             metrics["peak_mem_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-        return {"verdict": "accepted", "reason": None, "detail": "", "metrics": metrics, "ops": ops,
-                "code": code, "original_code": original if calibration else None, "calibration": calibration}
+        return _accepted(metrics, ops, code, original, calibration)
     except Reject as r:
         return {"verdict": "rejected", "reason": r.reason, "detail": str(r)[:2000], "metrics": metrics,
                 "ops": None, "code": code, "original_code": original if calibration else None,

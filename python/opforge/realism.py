@@ -159,7 +159,6 @@ def figures(traces, stats):
     vocab = set(stats["ops"])
     pairs = {tuple(p.split(" -> ")) for p in stats["pairs"]}
     n = untraced = multi = heavy = occ = in_vocab = npairs = real_pairs = 0
-    layouts = {}
     for tr in traces:
         n += 1
         if "error" in tr:
@@ -174,17 +173,41 @@ def figures(traces, stats):
         if len(ops) >= 2:
             multi += 1
             heavy += any(op in HEAVY for op in ops)
-        for s in tr["shapes"]:
-            key = layout_of(s)
-            layouts[key] = layouts.get(key, 0) + 1
 
     def share(a, b):
         return None if b == 0 else round(100.0 * a / b, 1)
 
     return {"tasks": n, "untraced": untraced, "multi_op": multi, "heavy_share": share(heavy, multi),
             "vocab_share": share(in_vocab, occ), "pair_share": share(real_pairs, npairs),
-            "op_occurrences": occ, "pairs": npairs, "layouts": dict(sorted(layouts.items())),
-            "median_ops": _median([len(t["ops"]) for t in traces if "error" not in t])}
+            "op_occurrences": occ, "pairs": npairs,
+            "median_ops": _median([len(t["ops"]) for t in traces if "error" not in t]), **_distributions(traces)}
+
+
+HEAVY_KIND = {"conv": "convolution", "scaled": "attention", "multi": "attention", "lstm": "recurrent",
+              "gru": "recurrent", "rnn": "recurrent"}
+
+
+def _distributions(traces):
+    """Where the tasks' compute sits: op inputs by layout, each task's first input by size
+    (log2 of its elements), and which kind of heavy op the tasks hold (GEMM, convolution, ...)."""
+    layouts, sizes, kinds = {}, {}, {}
+    for tr in traces:
+        if "error" in tr:
+            continue
+        for s in tr["shapes"]:
+            layouts[layout_of(s)] = layouts.get(layout_of(s), 0) + 1
+        if tr["shapes"]:
+            key = f"2^{int(log_size(tr['shapes'][0]))}"
+            sizes[key] = sizes.get(key, 0) + 1
+        for kind in sorted({_heavy_kind(op) for op in tr["ops"] if op in HEAVY}):
+            kinds[kind] = kinds.get(kind, 0) + 1
+    by_exp = lambda kv: int(kv[0][2:])  # noqa: E731
+    return {"layouts": dict(sorted(layouts.items())), "input_sizes": dict(sorted(sizes.items(), key=by_exp)),
+            "heavy_kinds": dict(sorted(kinds.items()))}
+
+
+def _heavy_kind(op):
+    return next((v for k, v in HEAVY_KIND.items() if op.startswith(k)), "gemm")
 
 
 def _median(xs):
