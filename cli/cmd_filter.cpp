@@ -50,6 +50,9 @@ void add_filter(CLI::App& app, Runner& run) {
                   "or compile; repeatable. Recorded in the configuration, so `--rejudge-stale` applies the new set to "
                   "tasks already judged")
       ->check(CLI::IsMember(filter::kChecks));
+  cmd->add_option("--check", o->f.extra_checks,
+                  "Also run a check an installed package registers (entry point group opforge.checks; "
+                  "docs/sources.md) after the built-in eager checks; repeatable, recorded in the configuration");
   cmd->callback([&run, o] {
     run = [o] {
       o->f.calibrate = !o->no_calibrate;

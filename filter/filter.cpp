@@ -1,5 +1,6 @@
 #include "filter.h"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -58,6 +59,12 @@ json config_of(const FilterOptions& o, const std::string& device) {
     std::sort(off.begin(), off.end());
     off.erase(std::unique(off.begin(), off.end()), off.end());
     c["skip_checks"] = off;
+  }
+  if (!o.extra_checks.empty()) {
+    std::vector<std::string> on = o.extra_checks;
+    std::sort(on.begin(), on.end());
+    on.erase(std::unique(on.begin(), on.end()), on.end());
+    c["checks"] = on;
   }
   return c;
 }
@@ -165,6 +172,7 @@ json judge_request(const Job& j, const FilterOptions& opts, const std::string& d
             {"atol", opts.atol},
             {"trials", opts.trials},
             {"skip_checks", opts.skip_checks},
+            {"extra_checks", opts.extra_checks},
             {"timing_lock", nullptr}}}};
 }
 
@@ -226,6 +234,26 @@ void judge_alone(Workspace& ws, const FilterOptions& opts, const std::string& de
 
 }  // namespace
 
+namespace {
+
+// --check names must be registered: said before anything is judged, not as a verdict per task.
+void check_registered(const std::vector<std::string>& names, const Workspace& ws) {
+  WorkerPoolOptions popts;
+  popts.workers = 1;
+  popts.log_file = ws.logs_dir() / "workers.log";
+  WorkerPool pool(popts);
+  WorkerResult r = pool.call({{"op", "filter_checks"}, {"args", json::object()}});
+  OPFORGE_CHECK(r.outcome == Outcome::ok && r.reply.value("ok", false), "listing the registered filter checks failed "
+                "({} {}: {})", outcome_name(r.outcome), r.reason, r.reply.value("message", ""));
+  std::vector<std::string> known = r.reply["result"];
+  for (auto& n : names)
+    OPFORGE_CHECK(std::find(known.begin(), known.end(), n) != known.end(), "--check {}: no such registered check "
+                  "(registered: {}); a check is an 'opforge.checks' entry point of an installed package "
+                  "(docs/sources.md)", n, known.empty() ? std::string("none") : fmt::format("{}", fmt::join(known, ", ")));
+}
+
+}  // namespace
+
 FilterSummary filter(Workspace& ws, const FilterOptions& opts) {
   auto t0 = std::chrono::steady_clock::now();
   Db& db = ws.db();
@@ -238,6 +266,7 @@ FilterSummary filter(Workspace& ws, const FilterOptions& opts) {
   if (device == "auto") device = gpus > 0 ? "cuda" : "cpu";
   OPFORGE_CHECK(device != "cuda" || gpus > 0, "--device cuda, but no NVIDIA GPU is visible (no /dev/nvidia*, or CUDA_VISIBLE_DEVICES hides them)");
   int workers = opts.workers > 0 ? opts.workers : (device == "cuda" ? gpus * opts.workers_per_gpu : 2);
+  if (!opts.extra_checks.empty()) check_registered(opts.extra_checks, ws);
   const json config_json = config_of(opts, device);
   const std::string config = xxh3_hex(config_json.dump());
   spdlog::info("filter configuration {}: {}", config, config_json.dump());

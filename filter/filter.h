@@ -31,6 +31,9 @@ struct FilterOptions {
   // Checks switched off for this run (kChecks names them). Part of the configuration, so verdicts
   // made with another set show as stale and --rejudge-stale applies this set to them.
   std::vector<std::string> skip_checks;
+  // Checks of installed packages (entry point group "opforge.checks") to run after the built-in
+  // eager checks; part of the configuration too.
+  std::vector<std::string> extra_checks;
 };
 
 // The checks a run may switch off, in the order they run (python/opforge/filter.py: CHECKS).

@@ -81,3 +81,25 @@ TEST_F(Sources, AComposerBackendRegisteredByAnEntryPointComposes) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("registered are example, graph, template"), std::string::npos) << r.err;
 }
+
+// A filter check registered by an entry point runs when `--check` names it, with its own reason;
+// naming an unregistered one is an error before anything is judged.
+TEST_F(Sources, AFilterCheckRegisteredByAnEntryPointRejectsWithItsReason) {
+  test::TempDir dir;
+  test::write_file(dir / "in" / "big.py",
+                   "import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+                   "        return torch.tanh(x)\n\ndef get_inputs():\n    return [torch.randn(2048, 1024)]\n\n"
+                   "def get_init_inputs():\n    return []\n");
+  auto ws = dir / "ws";
+  ASSERT_EQ(test::run_opforge({"import", "--workspace", ws.string(), (dir / "in").string()}).exit_code, 0);
+  std::vector<std::string> base = {"filter", "--workspace", ws.string(), "--device", "cpu", "--workers", "1",
+                                   "--min-ms", "0", "--skip-check", "compile"};
+  auto r = test::run_opforge([&] { auto a = base; a.insert(a.end(), {"--check", "nope"}); return a; }());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--check nope: no such registered check (registered: no_huge_outputs)"), std::string::npos)
+      << r.err;
+  r = test::run_opforge([&] { auto a = base; a.insert(a.end(), {"--check", "no_huge_outputs"}); return a; }());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto reasons = count_by(ws, "SELECT coalesce(reason, verdict), count(*) FROM filter_results GROUP BY 1");
+  EXPECT_EQ(reasons["output_too_large"], 1) << r.err;
+}

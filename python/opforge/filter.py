@@ -22,6 +22,35 @@ MAX_CALIBRATION_STEPS = 4
 # The checks a run may switch off (filter --skip-check), in the order they run; loading and
 # running in eager are not optional: without them there is no task.
 CHECKS = ("finite", "deterministic", "non_constant", "input_sensitive", "time_window", "compile")
+REASON = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def registered_checks():
+    """Handler `filter_checks`: the names of the checks installed packages register (entry point
+    group "opforge.checks"), which `filter --check NAME` turns on."""
+    from importlib import metadata
+
+    return sorted(ep.name for ep in metadata.entry_points(group="opforge.checks"))
+
+
+def _plugin_checks(names, model, inputs, out):
+    """Runs each registered check `fn(model=, inputs=, outputs=)`; it returns None to pass or
+    (reason, detail) to reject. A check that raises is the check's fault: `check_error`."""
+    if not names:
+        return
+    from importlib import metadata
+
+    eps = {ep.name: ep for ep in metadata.entry_points(group="opforge.checks")}
+    for name in names:
+        try:
+            verdict = eps[name].load()(model=model, inputs=inputs, outputs=out)
+        except Exception as e:  # noqa: BLE001 - a broken check must not read as the task's fault
+            raise Reject("check_error", f"check {name}: {type(e).__name__}: {str(e)[:1000]}") from None
+        if verdict is not None:
+            reason, detail = verdict
+            if not REASON.match(str(reason)):
+                raise Reject("check_error", f"check {name} gave the reason {reason!r}: not [a-z][a-z0-9_]*")
+            raise Reject(reason, f"check {name}: {detail}")
 
 
 class Reject(Exception):
@@ -64,7 +93,7 @@ def _guard(reason, fn):
         raise Reject(reason, f"{type(e).__name__}: {str(e)[:1500]}") from None
 
 
-def eager_checks(code, device, rtol, atol, gpu_lock=None, skip=frozenset()):
+def eager_checks(code, device, rtol, atol, gpu_lock=None, skip=frozenset(), extra=()):
     """Load, run and check everything but timing and compile. Returns (module, model, inputs, out).
 
     Loading and building run unlocked: weights and inputs are made on the CPU (seconds for the
@@ -89,7 +118,9 @@ def eager_checks(code, device, rtol, atol, gpu_lock=None, skip=frozenset()):
             return model(*xs)
 
     with timing.shared(gpu_lock):
-        return _run_checks(model, inputs_a, inputs_b, first, mod, tracer, skip)
+        res = _run_checks(model, inputs_a, inputs_b, first, mod, tracer, skip)
+        _plugin_checks(extra, model, inputs_a, res[3])
+        return res
 
 
 def _run_checks(model, inputs_a, inputs_b, first, mod, tracer, skip=frozenset()):
@@ -170,7 +201,7 @@ def _limit_gpu_memory():
 
 
 def _judge(code, device="cpu", min_ms=1.0, max_ms=100.0, calibrate=True, free_sizes=("batch_size",),
-          rtol=1e-2, atol=1e-2, timing_lock=None, trials=20, compile_mode=None, skip_checks=()):
+          rtol=1e-2, atol=1e-2, timing_lock=None, trials=20, compile_mode=None, skip_checks=(), extra_checks=()):
     device = T.resolve_device(device)
     skip = frozenset(skip_checks)
     unknown = skip - set(CHECKS)
@@ -186,7 +217,8 @@ def _judge(code, device="cpu", min_ms=1.0, max_ms=100.0, calibrate=True, free_si
     try:
         for step in range(MAX_CALIBRATION_STEPS + 1):
             mod, model, inputs, out, ops = eager_checks(code, device, rtol, atol,
-                                                        timing.check_lock(timing_lock, device), skip)
+                                                        timing.check_lock(timing_lock, device), skip,
+                                                        extra_checks)
             eager = _guard("eager_error", lambda: timing.time_fn(lambda: _run(model, inputs), device, trials=trials,
                                                                  lock_path=timing_lock))
             med = eager["median_ms"]

@@ -22,6 +22,7 @@ HANDLERS = {
     "normalize": "opforge.normalize:normalize_request",
     "compose_offline": "opforge.composers:compose_offline",
     "judge": "opforge.filter:judge",
+    "filter_checks": "opforge.filter:registered_checks",
     "features": "opforge.features:features",
     "plots": "opforge.plots:plots",
     "eval_compile": "opforge.judge:eval_compile",
