@@ -27,8 +27,9 @@ void add_export(CLI::App& app, Runner& run) {
   cmd->add_flag("--gzip", o->e.gzip, "Write .jsonl.gz shards (deterministic gzip: no mtime, no file name)");
   cmd->add_option("--format", o->e.format,
                   "jsonl: shards plus dataset card; kernelbench: level_opforge/<N>_<Name>.py files other harnesses run "
-                  "unchanged")
-      ->check(CLI::IsMember({"jsonl", "kernelbench"}))
+                  "unchanged; verl: train.parquet and test.parquet with the rows verl's RL dataset reads (data_source, "
+                  "prompt, ability, reward_model, extra_info)")
+      ->check(CLI::IsMember({"jsonl", "kernelbench", "verl"}))
       ->capture_default_str();
   cmd->add_option("--split-seed", o->e.split_seed, "Seed of the hash that assigns records to train or test")
       ->capture_default_str();

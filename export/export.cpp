@@ -198,6 +198,26 @@ json write_shards(const fs::path& dir, const std::vector<Record>& recs, const Ex
   return files;
 }
 
+// --format verl: <split>.parquet with the rows verl's RL dataset reads, written by
+// python/opforge/verl_export.py (pyarrow) in the export's worker; checksummed here.
+json write_verl_files(WorkerPool& pool, const fs::path& dir, const std::vector<Record>& recs) {
+  json rows = json::array();
+  for (auto& r : recs) rows.push_back(r.row);
+  fs::create_directories(dir);
+  WorkerResult res = pool.call({{"op", "write_verl"},
+                                {"args", {{"records", rows}, {"out_dir", dir.string()}, {"data_dir", data_dir().string()}}}});
+  OPFORGE_CHECK(res.outcome == Outcome::ok && res.reply.value("ok", false), "writing the verl parquet files failed "
+                "({} {}: {}); is pyarrow in the venv?", outcome_name(res.outcome), res.reason,
+                res.reply.value("message", ""));
+  json files = res.reply["result"];
+  for (auto& f : files) {
+    std::string bytes = read_text(dir / f["file"].get<std::string>());
+    f["xxh3"] = xxh3_hex(bytes);
+    f["bytes"] = bytes.size();
+  }
+  return files;
+}
+
 json write_kernelbench_files(const fs::path& dir, const std::vector<Record>& recs) {
   json files = json::array();
   fs::create_directories(dir / "level_opforge");
@@ -546,7 +566,7 @@ void nearest_train(WorkerPool& pool, std::vector<Record>& recs) {
 // One worker for the realism traces, the test split's nearest train records and the plots,
 // started only when one of them is wanted.
 std::unique_ptr<WorkerPool> worker_for(const Workspace& ws, const ExportOptions& opts, const ExportSummary& sum) {
-  if (!opts.plots && !opts.realism && sum.test == 0) return nullptr;
+  if (!opts.plots && !opts.realism && sum.test == 0 && opts.format != "verl") return nullptr;
   WorkerPoolOptions popts;
   popts.workers = 1;
   popts.log_file = ws.logs_dir() / "workers.log";
@@ -582,8 +602,8 @@ ExportSummary export_dataset(Workspace& ws, const ExportOptions& opts) {
   auto t0 = std::chrono::steady_clock::now();
   Db& db = ws.db();
   ExportSummary sum;
-  OPFORGE_CHECK(opts.format == "jsonl" || opts.format == "kernelbench", "--format {} is unknown: use jsonl or kernelbench",
-                opts.format);
+  OPFORGE_CHECK(opts.format == "jsonl" || opts.format == "kernelbench" || opts.format == "verl",
+                "--format {} is unknown: use jsonl, kernelbench or verl", opts.format);
   OPFORGE_CHECK(opts.shard_size > 0, "--shard-size must be positive");
   OPFORGE_CHECK(opts.test_fraction >= 0 && opts.test_fraction <= 1, "--test-fraction must be within [0, 1]");
   OPFORGE_CHECK(!opts.out.empty(), "--out is required: the folder the dataset is written to");
@@ -593,7 +613,9 @@ ExportSummary export_dataset(Workspace& ws, const ExportOptions& opts) {
   if (sum.test > 0) nearest_train(*pool, recs);
 
   const fs::path dir = staging_dir(opts.out);
-  json files = opts.format == "jsonl" ? write_shards(dir, recs, opts) : write_kernelbench_files(dir, recs);
+  json files = opts.format == "jsonl"   ? write_shards(dir, recs, opts)
+               : opts.format == "verl" ? write_verl_files(*pool, dir, recs)
+                                       : write_kernelbench_files(dir, recs);
   sum.files = static_cast<long>(files.size());
   json stats = stats_of(recs, funnel_of(db, accepted, sum));
   if (opts.realism) stats["realism"] = realism_of(*pool, recs, opts);

@@ -264,6 +264,44 @@ TEST(Export, KernelBenchLayoutWritesOneRunnableFilePerRecord) {
     EXPECT_EQ(f["xxh3"], xxh3_hex(test::read_file(dir / f["file"].get<std::string>()))) << f["file"];
 }
 
+// --format verl: the rows verl's RL dataset reads, one parquet file per split, checksummed in the
+// manifest, the same bytes from the same workspace, readable by pyarrow and `datasets`.
+TEST(Export, VerlFormatWritesTheRowsVerlReads) {
+  const fs::path& ws = deduped_workspace();
+  test::TempDir dir;
+  for (auto* out : {"a", "b"}) {
+    auto r = test::run_opforge({"export", "--workspace", ws.string(), "--out", (dir / out).string(), "--format", "verl",
+                                "--test-fraction", "0.5", "--split-seed", "7", "--no-plots", "--no-realism"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  json m = json::parse(test::read_file(dir / "a" / "manifest.json"));
+  ASSERT_EQ(m["files"].size(), 2u) << m.dump();
+  for (auto& f : m["files"]) {
+    std::string bytes = test::read_file(dir / "a" / f["file"].get<std::string>());
+    EXPECT_EQ(f["xxh3"], xxh3_hex(bytes)) << f["file"];
+    EXPECT_EQ(bytes, test::read_file(dir / "b" / f["file"].get<std::string>())) << "deterministic " << f["file"];
+  }
+  std::string py = python_executable().string();
+  auto [rc, out] = test::shell(
+      "HF_DATASETS_OFFLINE=1 HF_HOME='" + dir.path().string() + "/hf' '" + py + "' - '" + (dir / "a").string() +
+      "' <<'PY' 2>&1\n"
+      "import sys, pyarrow.parquet as pq, datasets\n"
+      "d = sys.argv[1]\n"
+      "rows = pq.read_table(d + '/train.parquet').to_pylist() + pq.read_table(d + '/test.parquet').to_pylist()\n"
+      "assert len(rows) == 10, len(rows)\n"
+      "for r in rows:\n"
+      "    assert r['ability'] == 'cuda' and r['reward_model']['style'] == 'rule'\n"
+      "    assert r['reward_model']['ground_truth'] == r['extra_info']['task_id']\n"
+      "    assert [m['role'] for m in r['prompt']] == ['system', 'user']\n"
+      "    assert r['extra_info']['code'].strip() in r['prompt'][1]['content'] and 'ModelNew' in r['prompt'][1]['content']\n"
+      "    assert r['data_source'].startswith('imported#')\n"
+      "ds = datasets.load_dataset('parquet', data_files={'train': d + '/train.parquet', 'test': d + '/test.parquet'})\n"
+      "print('verl rows', len(ds['train']) + len(ds['test']))\n"
+      "PY");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("verl rows 10"), std::string::npos) << out;
+}
+
 TEST(Export, WithoutDedupResultsItSaysToRunDedup) {
   test::TempDir dir;
   accepted_workspace(dir / "ws");

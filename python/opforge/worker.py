@@ -25,6 +25,7 @@ HANDLERS = {
     "filter_checks": "opforge.filter:registered_checks",
     "features": "opforge.features:features",
     "plots": "opforge.plots:plots",
+    "write_verl": "opforge.verl_export:write_verl",
     "eval_compile": "opforge.judge:eval_compile",
     "eval_solution": "opforge.judge:eval_solution",
     "eval_baselines": "opforge.judge:eval_baselines",
