@@ -163,3 +163,14 @@ class GraphGrammar(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class SolvePrompt(unittest.TestCase):
+    def test_the_task_code_is_filled_once_and_a_missing_value_is_an_error(self):
+        from opforge import prompts
+
+        msgs = prompts.solve_messages("class Model: x = '{{task_code}}'", os.path.join(REPO, "data"))
+        self.assertEqual([m["role"] for m in msgs], ["system", "user"])
+        self.assertIn("class Model: x = '{{task_code}}'", msgs[1]["content"])  # not expanded again
+        with self.assertRaises(KeyError):
+            prompts.fill("{{ other }}", {"task_code": ""})
