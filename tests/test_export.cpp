@@ -103,7 +103,7 @@ TEST(Export, SameWorkspaceGivesTheSameBytesAndTheManifestChecksumsThem) {
   for (auto* f : {"manifest.json", "README.md", "stats/funnel.json", "stats/op_frequency.json", "stats/ops_per_task.json", "stats/eager_ms.json",
                   "stats/similarity.json"})
     EXPECT_TRUE(ta.count(f)) << f;
-  for (auto* png : {"funnel.png", "op_frequency.png", "ops_per_task.png", "eager_ms.png", "similarity.png"})
+  for (auto* png : {"funnel.png", "op_frequency.png", "ops_per_task.png", "eager_ms.png", "similarity.png", "realism.png"})
     EXPECT_TRUE(fs::exists(dir / "a" / "stats" / png)) << png;
 
   // 13 files, 12 tasks (a comments-only copy merges at import), 1 exact and 1 near duplicate dropped.

@@ -34,6 +34,10 @@ def _bar(plt, labels, values, title, xlabel, path, horizontal=False, log=False):
         ax.set_ylabel("tasks")
         ax.set_xlabel(xlabel)
     ax.set_title(title)
+    _save(plt, fig, path)
+
+
+def _save(plt, fig, path):
     fig.tight_layout()
     fig.savefig(path, metadata=_META)
     plt.close(fig)
@@ -82,4 +86,24 @@ def plots(stats, out_dir):
     h = stats["similarity"]["ref_similarity"]
     _bar(plt, _hist_labels(h), [b["tasks"] for b in h["bins"]], "cosine to nearest KernelBench reference", "cosine",
          path("similarity.png"))
+    if "realism" in stats:
+        _realism(plt, stats["realism"], path("realism.png"))
     return {"files": written}
+
+
+def _realism(plt, r, path):
+    """The three realism figures of the corpus beside each reference's, as grouped bars."""
+    sets = [("this dataset", r["corpus"])] + [(os.path.basename(k.rstrip("/")) or k, v) for k, v in r["references"].items()]
+    keys = [("heavy_share", "heavy op"), ("vocab_share", "real ops"), ("pair_share", "real pairs")]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.set_title("how much the tasks look like real models")
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("percent")
+    width = 0.8 / len(sets)
+    for i, (name, f) in enumerate(sets):
+        xs = [k + i * width for k in range(len(keys))]
+        ax.bar(xs, [f.get(key) or 0 for key, _ in keys], width, label=f"{name} ({f['tasks']})")
+    ax.set_xticks([k + 0.4 - width / 2 for k in range(len(keys))])
+    ax.set_xticklabels([label for _, label in keys])
+    ax.legend(fontsize=7)
+    _save(plt, fig, path)
