@@ -144,12 +144,12 @@ std::map<std::string, long> bucket_quotas(const std::vector<std::pair<std::strin
   return quota;
 }
 
-// A bucket named after a source needs runnable seeds of that source: said before composing, not
-// after eight barren rounds.
-void check_module_buckets(const std::vector<std::pair<std::string, double>>& mix, const json& seeds,
-                          const Workspace& ws) {
-  for (auto& [bucket, p] : mix) {
-    if (std::isdigit(static_cast<unsigned char>(bucket[0])) || p == 0) continue;
+// A bucket named after a source that this run is to fill needs runnable seeds of that source:
+// said before composing, not after eight barren rounds. (A bucket whose quota rounds to 0, such
+// as transformers:1.2 of 6 candidates, needs none.)
+void check_module_buckets(const std::map<std::string, long>& quota, const json& seeds, const Workspace& ws) {
+  for (auto& [bucket, n] : quota) {
+    if (std::isdigit(static_cast<unsigned char>(bucket[0])) || n == 0) continue;
     bool any = std::any_of(seeds.begin(), seeds.end(), [&](const json& s) { return s["source"] == bucket; });
     OPFORGE_CHECK(any, "--mix names the bucket '{}' but {} has no runnable seed of source '{}': crawl it (`opforge "
                   "crawl --sources ...,{}`, or `--add DIR` for source local) or drop it from the mix", bucket,
@@ -260,7 +260,8 @@ ComposeSummary compose_offline(Workspace& ws, const ComposeOptions& opts,
                 ws.root().string(), ws.root().string());
   json mix_json = json::array();
   for (auto& [b, p] : mix) mix_json.push_back({b, p});
-  check_module_buckets(mix, seeds, ws);
+  auto quota = bucket_quotas(mix, opts.count);
+  check_module_buckets(quota, seeds, ws);
   json args = backend_args(opts, seeds, mix_json);
   WorkerPoolOptions popts;
   popts.workers = opts.workers;
@@ -268,7 +269,7 @@ ComposeSummary compose_offline(Workspace& ws, const ComposeOptions& opts,
   popts.log_file = ws.logs_dir() / "workers.log";
   WorkerPool pool(popts);
 
-  OfflineRun run{ws.db(), opts, bucket_quotas(mix, opts.count), {}, {}};
+  OfflineRun run{ws.db(), opts, quota, {}, {}};
   long idx = next_index(ws.db(), opts.backend, opts.seed);
   spdlog::info("composing {} {} candidates (seed {}, starting at index {}) from {} seeds", opts.count, opts.backend,
                opts.seed, idx, seeds.size());
