@@ -54,11 +54,15 @@ class Channel(unittest.TestCase):
             os.close(w)
 
     def test_nan_or_infinity_from_the_peer_is_a_protocol_error(self):
-        for word in (b"NaN", b"Infinity", b"-Infinity"):
+        for word in (b"NaN", b"Infinity", b"-Infinity", b"1e999", b"-1e400", b"9" * 400):
             self.b.sock.sendall(b'{"t0": ' + word + b'}')
             with self.assertRaises(shm.WireError) as e:
                 self.a.recv(timeout=5)
             self.assertEqual(e.exception.reason, "protocol_error")
+
+    def test_ordinary_numbers_still_cross(self):
+        self.b.send({"t0": 12345.678, "n": -(2 ** 62), "x": 1e-300})
+        self.assertEqual(self.a.recv(timeout=5)[0], {"t0": 12345.678, "n": -(2 ** 62), "x": 1e-300})
 
     def test_a_blocking_read_gets_the_message(self):
         self.b.send({"seq": 3})
