@@ -90,8 +90,7 @@ class Grammar:
 
     # -- which ops may come next --------------------------------------------------------------
     def applicable(self, st, prev, heavy_left, ch=None):
-        ops = [u for u in UNARY if not (u == prev)]
-        ops += ["add", "mul", "div", "sub", "clamp"]
+        ops = list(UNARY) + ["add", "mul", "div", "sub", "clamp"]
         if st.layout in ("tokens", "rows"):
             ops += ["layer_norm", "softmax"] + (["linear"] if heavy_left else [])
         if st.layout == "tokens":
@@ -389,8 +388,9 @@ def build_chain(g, rng, k, anchored, exotic):
     ch = Chain()
     ch.residual, ch.uses_identity, ch.seed_ids = st0.shape, False, []
     st, prev, heavy_left = st0, None, 2 if anchored else 0
-    pre = 1 if anchored and k >= 2 and rng.random() < 0.3 and anchor != "scaled_dot_product_attention" else 0
-    pre = pre if anchored else -1  # the anchor's position
+    # The anchor's position: after one prologue op in 30% of chains (not attention, whose q/k/v
+    # are the chain's inputs), -1 when the chain has no anchor.
+    pre = -1 if not anchored else int(k >= 2 and rng.random() < 0.3 and anchor != "scaled_dot_product_attention")
     exotic_at = rng.choice([i for i in range(k) if i != pre]) if exotic and k > 1 else -1
     for i in range(k):
         if i == exotic_at and (nxt := _emit_exotic(g, ch, st, rng)) is not None:

@@ -12,7 +12,6 @@ KernelBench level-3 network traces in milliseconds. What cannot run on meta (dat
 control flow) is reported as untraced, never guessed.
 """
 import math
-import weakref  # noqa: F401 - torch.utils.weak builds on it
 
 import torch
 from torch.overrides import TorchFunctionMode
