@@ -49,6 +49,17 @@ def main():
     cspreads = [x["compiled"]["spread"] for x in m if "compiled" in x]
     if cspreads:
         print(f"compiled timing spread: median {100 * statistics.median(cspreads):.2f}%, p90 {100 * q(cspreads, .9):.2f}%")
+    # Where a task's time goes (metrics.phases, every judged task; lock waits are inside the phases too).
+    ph = [json.loads(r[2]).get("phases") for r in rows]
+    ph = [p for p in ph if p]
+    if ph:
+        print(f"time per judged task, seconds (n={len(ph)}): phase, mean, p50, p90, share of the total")
+        keys = ["build_s", "inputs_s", "checks_s", "eager_timing_s", "compile_s", "compile_timing_s", "lock_wait_s"]
+        total = sum(sum(v for k, v in p.items() if k != "lock_wait_s") for p in ph)
+        for k in keys:
+            vals = [p.get(k, 0.0) for p in ph]
+            share = sum(vals) / total if total and k != "lock_wait_s" else float("nan")
+            print(f"  {k:<17} {statistics.mean(vals):8.3f} {q(vals, .5):8.3f} {q(vals, .9):8.3f}  {100 * share:5.1f}%")
     dev = {x.get("device") for x in m}
     print(f"device: {', '.join(sorted(d for d in dev if d))}")
 

@@ -9,6 +9,8 @@
 #     checks      eval + throughput
 #     dedupscale  build-gpu/bench/opforge_bench_dedup 100000 10000 1024 --no-exact: dedup's search at the
 #                 issue's scale on that machine's cores (no GPU used; 87 s on the 2-core CPU machine)
+#     kb          bench/kb_filter.sh over the KernelBench checkout carried in .kb/KernelBench (levels 1-3,
+#                 8 workers on GPU 0): verdicts per level before/after the retry alone, compile_mismatch study
 #     corpus      opforge run --preset ops6k --count $COUNT (default 1000) on every GPU; resumable:
 #                 .gpuws/corpus.db.gz, when carried, is where it goes on (and /tmp/cws on a warm machine)
 # A machine kept warm between calls keeps build-gpu and /tmp, so a later call can skip `build`.
@@ -19,7 +21,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 P=/opt/torch/.venv/bin/python3
 B=$PWD/build-gpu/opforge
-[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|throughput|checks|dedupscale|corpus..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|throughput|checks|kb|dedupscale|corpus..." >&2; exit 2; }
 source .device/env.sh > /dev/null
 export PATH=/opt/torch/.venv/bin:$PATH
 # bubblewrap comes in .device (pack-debs.sh bubblewrap): the judge sandboxes every solution with it.
@@ -31,9 +33,9 @@ for d in /usr/lib/x86_64-linux-gnu/openblas-pthread /usr/lib/x86_64-linux-gnu/op
   [ -f "$d/libblas.so.3" ] && { export LD_LIBRARY_PATH=$d:$LD_LIBRARY_PATH; break; }
 done
 stamp() { echo "== $(date +%T) $*" | tee -a "$OUT/steps.txt"; }
-restore_ws() {  # WS DBGZ: a workspace from a carried database
+restore_ws() {  # WS DBGZ: a workspace from a carried database (none carried: the run crawls)
   mkdir -p "$1"
-  [ -f "$1/opforge.db" ] || gunzip -c "$2" > "$1/opforge.db"
+  [ -f "$1/opforge.db" ] || [ ! -f "$2" ] || gunzip -c "$2" > "$1/opforge.db"
 }
 steps=()
 # A cold machine has no build-gpu: build first even when not asked.
@@ -62,9 +64,11 @@ case $step in
       bash bench/eval_gpu.sh /tmp/evg > "$OUT/eval.txt" 2>&1
     cat "$OUT/eval.txt"
     tar czf "$OUT/eval_reports.tgz" -C /tmp/evg --exclude cache . 2> /dev/null
-    stamp "eval gpu tests"
-    (cd build-gpu && timeout "${CTEST_TIMEOUT:-330}" ctest -L gpu --output-on-failure) > "$OUT/ctest_gpu.txt" 2>&1
-    tail -4 "$OUT/ctest_gpu.txt"
+    if [ "${CTEST_TIMEOUT:-330}" != 0 ]; then  # CTEST_TIMEOUT=0: the bench only
+      stamp "eval gpu tests"
+      (cd build-gpu && timeout "${CTEST_TIMEOUT:-330}" ctest -L gpu --output-on-failure) > "$OUT/ctest_gpu.txt" 2>&1
+      tail -4 "$OUT/ctest_gpu.txt"
+    fi
     ;;
   throughput)
     # TP_CPUS (e.g. 0-15) pins the bench to part of a bigger machine, to stand for a one-GPU one.
@@ -73,6 +77,14 @@ case $step in
     $B compose --workspace /tmp/fws --count 300 --workers 8 2> /dev/null
     CUDA_VISIBLE_DEVICES=0 OPFORGE=$B PYTHON=$P timeout "${TP_TIMEOUT:-420}" ${TP_CPUS:+taskset -c $TP_CPUS} bash bench/filter_throughput.sh /tmp/fws "${TP_N:-20}" 8 4 2 1 |
       tee "$OUT/filter_throughput.txt"
+    ;;
+  kb)
+    stamp "KernelBench levels 1-3, import and filter, 8 workers on GPU 0"
+    rm -rf /tmp/kbws /tmp/kbws.*
+    CUDA_VISIBLE_DEVICES=0 OPFORGE=$B PYTHON=$P timeout "${KB_TIMEOUT:-480}" bash bench/kb_filter.sh .kb/KernelBench /tmp/kbws 8 \
+      > "$OUT/kb.txt" 2>&1
+    cat "$OUT/kb.txt"
+    tar czf "$OUT/kb_reports.tgz" -C /tmp kbws.kb_report.json kbws.compile_mismatch.json kbws.filter.log 2> /dev/null
     ;;
   dedupscale)
     stamp "dedup search, 100k tasks x 10k references, $(nproc) cores"

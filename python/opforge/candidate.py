@@ -57,6 +57,7 @@ class State:
         self.prof = None  # the CUDA profiler while the judge drives a profiling pass
         self.watch, self.watch_calls = None, 0  # the observer over the timing phase (op_watch)
         self.keep = []  # arenas and tensors the solution's views depend on
+        self.floor_t = None  # the one-element tensor of op_floor
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,7 +435,22 @@ def op_warm(st, msg, fds):
     return {}
 
 
-OPS = {"load": op_load, "discover": op_discover, "compile": op_compile, "reference": op_reference,
+def op_floor(st, msg, fds):
+    """The crossing's fixed cost, measured before any solution code is in this process: one
+    harness-only call (a one-element kernel on CUDA) synchronised like a timed batch. The judge
+    subtracts it from every timed batch, baselines and candidates alike (docs/architecture.md,
+    "The judge"); after a load the figure would be the solution's to shape, so it is refused."""
+    if st.module is not None or st.model is not None:
+        raise Refused("protocol_error", "the crossing floor is measured only before anything is loaded")
+    if os.environ.get("OPFORGE_CHILD_DEVICE", "").startswith("cuda") and torch.cuda.is_available():
+        if st.floor_t is None:
+            st.floor_t = torch.zeros(1, device="cuda")
+        st.floor_t.add_(1)
+    _sync()
+    return {}
+
+
+OPS = {"floor": op_floor, "load": op_load, "discover": op_discover, "compile": op_compile, "reference": op_reference,
        "init": op_init, "bind": op_bind, "run": op_run, "fetch": op_fetch, "profile": op_profile,
        "warm": op_warm, "watch": op_watch}
 

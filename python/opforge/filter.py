@@ -7,6 +7,7 @@ output is not constant; two different input sets give different outputs; eager t
 torch.compile runs and agrees with eager. Every metric measured on the way is returned.
 Reasons are a fixed set, documented in docs/reasons.md.
 """
+import contextlib
 import math
 import os
 import re
@@ -93,7 +94,7 @@ def _guard(reason, fn):
         raise Reject(reason, f"{type(e).__name__}: {str(e)[:1500]}") from None
 
 
-def eager_checks(code, device, rtol, atol, gpu_lock=None, skip=frozenset(), extra=()):
+def eager_checks(code, device, rtol, atol, gpu_lock=None, skip=frozenset(), extra=(), phases=None):
     """Load, run and check everything but timing and compile. Returns (module, model, inputs, out).
 
     Loading and building run unlocked: weights and inputs are made on the CPU (seconds for the
@@ -101,13 +102,16 @@ def eager_checks(code, device, rtol, atol, gpu_lock=None, skip=frozenset(), extr
     it (28 instead of 73 tasks/min per H200). The GPU runs hold gpu_lock shared, so they go beside
     a neighbour's checks but never inside a neighbour's timed region."""
     try:
-        mod = T.load_module(code)
+        with _phase(phases, "build_s"):
+            mod = T.load_module(code)
     except T.TaskError as e:
         raise Reject("eager_error" if e.reason == "load_error" else e.reason, str(e)) from None
     try:
-        model = T.build(mod, device)
-        inputs_a = T.make_inputs(mod, device, seed=1)
-        inputs_b = T.make_inputs(mod, device, seed=2)
+        with _phase(phases, "build_s"):
+            model = T.build(mod, device)
+        with _phase(phases, "inputs_s"):
+            inputs_a = T.make_inputs(mod, device, seed=1)
+            inputs_b = T.make_inputs(mod, device, seed=2)
     except T.TaskError as e:
         raise Reject("eager_error" if e.reason != "import_error" else "import_error", str(e)) from None
     tracer = OpTracer(model)
@@ -117,10 +121,22 @@ def eager_checks(code, device, rtol, atol, gpu_lock=None, skip=frozenset(), extr
         with torch.no_grad(), tracer:  # only the model's own calls are traced
             return model(*xs)
 
-    with timing.shared(gpu_lock):
+    with _phase(phases, "checks_s"), timing.shared(gpu_lock):
         res = _run_checks(model, inputs_a, inputs_b, first, mod, tracer, skip)
         _plugin_checks(extra, model, inputs_a, res[3])
         return res
+
+
+@contextlib.contextmanager
+def _phase(phases, name):
+    """Adds the wall time of the block to phases[name] (where a task's time goes; lock waits inside
+    it are counted there too and also apart, as lock_wait_s)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        if phases is not None:
+            phases[name] = phases.get(name, 0.0) + time.perf_counter() - t0
 
 
 def _run_checks(model, inputs_a, inputs_b, first, mod, tracer, skip=frozenset()):
@@ -214,13 +230,16 @@ def _judge(code, device="cpu", min_ms=1.0, max_ms=100.0, calibrate=True, free_si
                "torch": torch.__version__}
     calibration = []
     original = code
+    phases = metrics["phases"] = {}  # where the task's time goes (bench/filter_report.py's table)
+    timing.LOCK_WAIT_S[0] = 0.0
     try:
         for step in range(MAX_CALIBRATION_STEPS + 1):
             mod, model, inputs, out, ops = eager_checks(code, device, rtol, atol,
                                                         timing.check_lock(timing_lock, device), skip,
-                                                        extra_checks)
-            eager = _guard("eager_error", lambda: timing.time_fn(lambda: _run(model, inputs), device, trials=trials,
-                                                                 lock_path=timing_lock))
+                                                        extra_checks, phases)
+            with _phase(phases, "eager_timing_s"):
+                eager = _guard("eager_error", lambda: timing.time_fn(lambda: _run(model, inputs), device,
+                                                                     trials=trials, lock_path=timing_lock))
             med = eager["median_ms"]
             target = math.sqrt(min_ms * max_ms)
             if min_ms <= med <= max_ms or "time_window" in skip:
@@ -241,13 +260,15 @@ def _judge(code, device="cpu", min_ms=1.0, max_ms=100.0, calibrate=True, free_si
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats(device)
         t0 = time.perf_counter()
-        compiled = _guard("compile_error", lambda: torch.compile(model, mode=compile_mode))
-        out_c = _leaves(_guard("compile_error", lambda: _run(compiled, inputs)))
+        with _phase(phases, "compile_s"):
+            compiled = _guard("compile_error", lambda: torch.compile(model, mode=compile_mode))
+            out_c = _leaves(_guard("compile_error", lambda: _run(compiled, inputs)))
         metrics["compile_wall_s"] = time.perf_counter() - t0
         if not _same(out, out_c, rtol=rtol, atol=atol):
             raise Reject("compile_mismatch", f"compiled output differs from eager by up to {_max_diff(out, out_c):.3g}")
-        comp = _guard("compile_error", lambda: timing.time_fn(lambda: _run(compiled, inputs), device, trials=trials,
-                                                              lock_path=timing_lock))
+        with _phase(phases, "compile_timing_s"):
+            comp = _guard("compile_error", lambda: timing.time_fn(lambda: _run(compiled, inputs), device,
+                                                                  trials=trials, lock_path=timing_lock))
         metrics.update(compile_ms=comp["median_ms"], compiled=comp,
                        compile_speedup=eager["median_ms"] / comp["median_ms"] if comp["median_ms"] > 0 else None)
         if device.startswith("cuda"):
@@ -257,3 +278,5 @@ def _judge(code, device="cpu", min_ms=1.0, max_ms=100.0, calibrate=True, free_si
         return {"verdict": "rejected", "reason": r.reason, "detail": str(r)[:2000], "metrics": metrics,
                 "ops": None, "code": code, "original_code": original if calibration else None,
                 "calibration": calibration}
+    finally:
+        phases["lock_wait_s"] = timing.LOCK_WAIT_S[0]

@@ -611,6 +611,32 @@ def _child_spin(device):
     return CHILD_SPIN_S if _spin(device) else None
 
 
+FLOOR_CALLS = 9  # harness-only round trips, the smallest of which is a child's crossing floor
+
+
+def crossing_floor_ms(child, device, lock):
+    """The fixed cost of one timed batch that is not the solution's: the judge's clock around a
+    harness-only call (candidate.op_floor) after the same preparation as a timed batch (judge-side
+    GPU work, a sync), so the socket's round trip and the GPU's switch to the child's context are
+    in it. Asked before the solution is loaded, it is a figure the solution cannot shape; every
+    timed batch (baselines' too) has it subtracted, so the per-call time is the device work's.
+    The smallest of the round trips: a floor inflated by a disturbed trial would make a time too
+    short. GPU only: on the CPU a batch is a few milliseconds of host work beside the crossing on the
+    same cores, and on a loaded 2-core host the round trip varies as much as it costs (0.0)."""
+    dev = str(device)
+    if not dev.startswith("cuda"):
+        return 0.0
+    times = []
+    with timing.exclusive(lock):
+        for _ in range(FLOOR_CALLS):
+            timing.flush_l2(dev)
+            timing.sync(dev)
+            t0 = time.perf_counter()
+            child.must("floor", "measuring the crossing's floor", spin_s=_spin(dev), then_spin=_child_spin(dev))
+            times.append((time.perf_counter() - t0) * 1e3)
+    return min(times)
+
+
 def _drawer(ref_mod, device, first):
     """Fresh input sets for timed calls, drawn by the judge from get_inputs() with seeds of its
     own (never derived from the checked sets, so no output the child saw can be reassembled into
@@ -631,7 +657,7 @@ def _drawer(ref_mod, device, first):
 
 BATCH_MS = {"cuda": 50.0, "cpu": 2.0}  # the device time a timed batch aims at (its fixed cost shrinks per call)
 MAX_BATCH = 64
-MIN_BATCHES = 10  # timed batches at least, whatever --trials says: the median needs a few
+MIN_BATCHES = {"cuda": 20, "cpu": 10}  # timed batches at least, whatever --trials says: the median needs a few
 SLOT_BUDGET_CPU = 1 << 30  # host bytes the input slots and the child's outputs of one batch may take
 
 
@@ -661,8 +687,9 @@ class _Timer:
     child between the writes and the clock's start: it cannot compute a call untimed
     (docs/architecture.md, "The judge")."""
 
-    def __init__(self, sess, ref, draw, atol, rtol, strict=False):
+    def __init__(self, sess, ref, draw, atol, rtol, strict=False, floor_ms=0.0):
         self.sess, self.ref, self.draw, self.atol, self.rtol = sess, ref, draw, atol, rtol
+        self.floor_ms = floor_ms or 0.0  # crossing_floor_ms of this child, subtracted from every batch
         self.strict, self.runs, self.child_ms, self.crossing_ms = strict, 0, [], []
         # Fresh entropy, not the run's seed: which calls are read back and what their inputs are
         # must not be computable by the child from anything it was told.
@@ -752,9 +779,11 @@ class _Timer:
         self.runs = 0
         if self.strict:
             self.sess.child.must("watch", "starting the observer of timed calls", action="start")
-        batches = max(MIN_BATCHES, math.ceil(trials / k))
+        batches = max(MIN_BATCHES["cuda" if str(self.sess.device).startswith("cuda") else "cpu"],
+                      math.ceil(trials / k))
         stats = timing.time_calls(self.call, self.sess.device, warmup=1, trials=batches, budget_s=budget_s,
-                                  lock_path=lock, before=self.before, after=self.after, per_call=k)
+                                  lock_path=lock, before=self.before, after=self.after, per_call=k,
+                                  overhead_ms=self.floor_ms)
         self.before(-1)  # and always one more, read back
         self.call()
         self.after(0, force=True)
@@ -765,6 +794,7 @@ class _Timer:
             self._watched()
         stats.update({"sampled_calls": self.sampled, "fetch_median_ms": _median(self.fetch_ms),
                       "clock": "judge wall clock", "child_median_ms": _median(self.child_ms), "batch": k,
+                      "floor_ms": self.floor_ms,
                       "request_ms": _median([a for a, _ in self.crossing_ms]),
                       "answer_ms": _median([b for _, b in self.crossing_ms])})
         return stats
@@ -870,6 +900,7 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
             ref_mod, ref, sets, expected0, draw = _reference_and_sets(task_code, device, seed,
                                                                       max(2, correct_trials))
             child, t1 = _start(launch, log, timeout_s, device, result)
+            floor = crossing_floor_ms(child, device, timing_lock)  # before the solution is in the child
             entries, refs = _artifact_entries(artifacts)
             _ship(child, "load", "importing the solution", _solution_files(solution_dir) + entries, entry=entry,
                   layout=layout, artifacts=refs, device=device, policy=policy)
@@ -880,7 +911,7 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
             with timing.shared(timing.check_lock(timing_lock, device)):
                 result["max_error"] = _check_all(sess, ref, sets[:correct_trials], policy == "strict", atol, rtol,
                                                  result["flags"])
-            timer = _Timer(sess, ref, draw, atol, rtol, strict=policy == "strict")
+            timer = _Timer(sess, ref, draw, atol, rtol, strict=policy == "strict", floor_ms=floor)
             result["candidate"] = timer.run(trials, budget_s, timing_lock)
             if device.startswith("cuda"):
                 _profile(sess, timer, result, policy == "strict", timing_lock)
@@ -939,12 +970,15 @@ def _baseline(task_code, ref_mod, ref, sets, expected0, draw, compile_, launch, 
     child = Child(launch, log, timeout_s=timeout_s)
     sess = None
     try:
+        if device.startswith("cuda"):
+            child.must("warm", "making the CUDA context")
+        floor = crossing_floor_ms(child, device, lock)  # as for a candidate: before the task's code is loaded
         child.must("reference", "loading the reference", task_code=task_code, compile=compile_, device=device)
         sess = Session(child, ref_mod, ref, device, sets, expected0, seed)
         with timing.shared(timing.check_lock(lock, device)):
             # Warms up (and for torch.compile compiles) beside other checks, not in a timed region.
             _check_set(sess, ref, sets[0], "the first input set", False, 1e-2, 1e-2)
-        return _Timer(sess, ref, draw, 1e-2, 1e-2).run(trials, budget_s, lock)
+        return _Timer(sess, ref, draw, 1e-2, 1e-2, floor_ms=floor).run(trials, budget_s, lock)
     finally:
         if sess is not None:
             sess.close()

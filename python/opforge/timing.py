@@ -22,11 +22,16 @@ _Event = torch.cuda.Event
 _perf = time.perf_counter
 
 
+LOCK_WAIT_S = [0.0]  # seconds this process has waited for device locks (the filter's time table)
+
+
 @contextlib.contextmanager
 def _flock(path, mode):
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "a") as f:
+        t0 = _perf()
         fcntl.flock(f, mode)
+        LOCK_WAIT_S[0] += _perf() - t0
         try:
             yield
         finally:
@@ -135,7 +140,10 @@ def sync(device):
         _sync()
 
 
-def _trials(call, device, trials, budget_s, before, after, per_call=1):
+FLOOR_SHARE_MAX = 0.9  # the overhead subtracted never takes more than this share of a trial
+
+
+def _trials(call, device, trials, budget_s, before, after, per_call=1, overhead_ms=0.0):
     times = []
     start_all = _perf()
     for i in range(trials):
@@ -143,7 +151,8 @@ def _trials(call, device, trials, budget_s, before, after, per_call=1):
             before(i)  # fresh inputs, L2 flush: outside the timed region
         t0 = _perf()
         call()
-        times.append((_perf() - t0) * 1e3 / per_call)
+        ms = (_perf() - t0) * 1e3
+        times.append(max(ms - overhead_ms, ms * (1 - FLOOR_SHARE_MAX)) / per_call)
         if after is not None:
             after(i)  # reading back a sampled output: outside it too
         if i >= 2 and _perf() - start_all > budget_s:
@@ -152,14 +161,17 @@ def _trials(call, device, trials, budget_s, before, after, per_call=1):
 
 
 def time_calls(call, device, warmup=3, trials=20, budget_s=5.0, lock_path=None, max_spread=0.03, retries=2,
-               before=None, after=None, per_call=1):
+               before=None, after=None, per_call=1, overhead_ms=0.0):
     """The one timing protocol of opforge, used by the filter (in its worker) and by the judge
     (around a call into the solution's child process): the host's wall clock around `call()`,
     which must return only once its device work is done (time_fn's call synchronises the device;
     the judge's call returns when the child has synchronised and answered). `before(i)` prepares
     trial i outside the timed region (on CUDA it should end with flush_l2 and a sync), `after(i)`
     inspects it afterwards. A trial may be a batch of `per_call` calls (the judge's, whose crossing
-    costs the same for one call or many); the stats are per call. Returns stats in milliseconds.
+    costs the same for one call or many); the stats are per call. `overhead_ms` is a fixed cost of
+    each trial measured by the caller on trusted code (the judge's crossing floor, measured before
+    the solution is loaded), subtracted from every trial (at most FLOOR_SHARE_MAX of it), so a
+    per-call figure is the device work's and not the wire's. Returns stats in milliseconds.
 
     Trials stop early once budget_s is spent (at least 3 are taken) so a slow task cannot stall a
     worker; the median is the figure, the spread is (p90 - p10) / median. A set of trials whose
@@ -179,7 +191,7 @@ def time_calls(call, device, warmup=3, trials=20, budget_s=5.0, lock_path=None, 
         start_all = _perf()
         best = None
         for attempt in range(1 + retries):
-            stats = _stats(_trials(call, device, trials, budget_s, before, after, per_call))
+            stats = _stats(_trials(call, device, trials, budget_s, before, after, per_call, overhead_ms))
             if best is None or stats["spread"] < best["spread"]:
                 best = stats
             if best["spread"] <= max_spread or _perf() - start_all > budget_s:
