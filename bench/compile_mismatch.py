@@ -10,7 +10,8 @@ a float64 run of the same weights and inputs, the closest thing to the true valu
   compiled_fp32  torch.compile with TF32 off
 Per pair: the largest absolute difference, the output's scale (largest |float64| value), the share
 of elements outside allclose(rtol=1e-2, atol=1e-2) (the filter's and the judge's rule), and the
-largest difference relative to the output's scale.
+largest difference relative to the output's scale, and whether the pair passes the agreement rule
+of python/opforge/tolerance.py (atol in units of max(1, mean |ref|)).
 """
 import argparse
 import json
@@ -21,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 from opforge import task as T  # noqa: E402
+from opforge import tolerance as tol  # noqa: E402
 
 
 def _run(model, inputs):
@@ -43,8 +45,10 @@ def _compare(a, b, truth):
     scale = max((t.abs().max().item() if t.numel() else 0.0) for t in truth)
     outside = sum((~torch.isclose(x.double(), y.double(), rtol=1e-2, atol=1e-2)).sum().item() for x, y in zip(a, b))
     total = sum(x.numel() for x in a)
+    truth_b = [t.to(x.dtype) for t, x in zip(b, a)]
     return {"max_abs": diff, "scale": scale, "rel_to_scale": diff / scale if scale else None,
-            "outside_allclose": outside / max(total, 1), "allclose": outside == 0}
+            "outside_allclose": outside / max(total, 1), "allclose": outside == 0,
+            "mean_scale": max(tol.scale_of(t) for t in truth_b), "rule": tol.close(a, truth_b)}
 
 
 def study(path, device):
@@ -89,7 +93,8 @@ def main():
         for pair, r in report[name].items():
             if isinstance(r, dict):
                 print(f"  {pair:<28} max|diff| {r['max_abs']:.4g}  scale {r['scale']:.4g}  outside allclose "
-                      f"{100 * r['outside_allclose']:.4f}%  rel {r['rel_to_scale'] or 0:.3g}")
+                      f"{100 * r['outside_allclose']:.4f}%  rel {r['rel_to_scale'] or 0:.3g}  mean|ref| {r['mean_scale']:.3g}  "
+                      f"rule {'pass' if r['rule'] else 'FAIL'}")
             else:
                 print(f"  {pair}: {r}")
     if a.json:

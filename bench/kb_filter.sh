@@ -12,7 +12,8 @@ root=$kb
 [ -d "$kb/KernelBench/level1" ] && root=$kb/KernelBench
 for l in 1 2 3; do "$bin" import --workspace "$ws" "$root/level$l" 2>> "$ws.import.log" | tail -1; done
 start=$(date +%s)
-"$bin" filter --workspace "$ws" --device cuda --workers "$workers" 2> "$ws.filter.log"
+# FILTER_TIMEOUT cuts the filter, not the report: what was judged is reported either way (resumable).
+timeout "${FILTER_TIMEOUT:-3600}" "$bin" filter --workspace "$ws" --device cuda --workers "$workers" 2> "$ws.filter.log"
 echo "filter rc $?, $(( $(date +%s) - start )) s with $workers workers"
 grep -E "filter:|alone" "$ws.filter.log" | tail -4
 $py bench/kb_report.py "$ws" --json "$ws.kb_report.json"

@@ -54,6 +54,7 @@ TEST(Filter, PlantedCandidatesGetExactlyTheirVerdicts) {
       {"rand_in_forward", "rejected:nondeterministic"}, {"times_zero", "rejected:constant_output"},
       {"returns_parameter", "rejected:input_insensitive"}, {"nan_output", "rejected:non_finite"},
       {"too_fast_fixed", "rejected:too_fast"},       {"too_fast_scales", "accepted:"},
+      {"chaotic_map", "rejected:ill_conditioned"},
   };
   EXPECT_EQ(verdicts(ws), expected);
 
@@ -72,6 +73,9 @@ TEST(Filter, PlantedCandidatesGetExactlyTheirVerdicts) {
   EXPECT_GE(m["eager_ms"].get<double>(), 1.0);
   EXPECT_LE(m["eager_ms"].get<double>(), 100.0);
   for (auto* k : {"compile_ms", "compile_speedup", "compile_wall_s", "device", "torch"}) EXPECT_TRUE(m.contains(k)) << k;
+  EXPECT_EQ(m["conditioning"], "float64 agrees");
+  for (auto* k : {"build_s", "inputs_s", "checks_s", "eager_timing_s", "conditioning_s", "compile_s", "lock_wait_s"})
+    EXPECT_TRUE(m["phases"].contains(k)) << "where the task's time went: " << k << " in " << m["phases"].dump();
   EXPECT_EQ(json::parse(st.text(4)), json({"nn.Linear", "torch.relu"}));
 
   // Rejections that may be the environment's were judged again alone, and stayed rejected there.
@@ -93,7 +97,7 @@ TEST(Filter, PlantedCandidatesGetExactlyTheirVerdicts) {
   // Status and a second run: nothing left to judge.
   json js = json::parse(test::run_opforge({"status", "--workspace", ws.string(), "--json"}).out);
   EXPECT_EQ(js["filter"]["accepted"], 1);
-  EXPECT_EQ(js["filter"]["rejected"], 11);
+  EXPECT_EQ(js["filter"]["rejected"], 12);
   r = test::run_opforge({"filter", "--workspace", ws.string(), "--device", "cpu"});
   EXPECT_NE(r.err.find("nothing to filter"), std::string::npos) << r.err;
 }

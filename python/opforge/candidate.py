@@ -216,7 +216,9 @@ def _tail(text, n=3000):
 def op_reference(st, msg, fds):
     """A baseline child: the task's own Model stands in for ModelNew (trusted code)."""
     from opforge import task as T
+    from opforge import tolerance
 
+    tolerance.exact_fp32()  # baselines are timed in the precision their outputs are judged in
     st.device, st.policy = msg.get("device", "cpu"), "torch-allowed"
     mod = T.load_module(msg["task_code"], name="opforge_reference")
     st.model_cls = mod.Model

@@ -4,10 +4,13 @@ Checks, in order (the first failure is the verdict): it loads and runs in eager;
 finite; two runs with the same weights and inputs but a moved RNG agree (no randomness); the
 output is not constant; two different input sets give different outputs; eager time lies in
 [min_ms, max_ms] (a task with a scalable size is rescaled into the window first: calibration);
-torch.compile runs and agrees with eager. Every metric measured on the way is returned.
+float32 eager agrees with the same model in float64 (conditioning: else no float32 kernel can be
+judged against it); torch.compile runs and agrees with eager. Agreement is the judge's rule
+(tolerance.py), references in float32 proper (TF32 off). Every metric measured is returned.
 Reasons are a fixed set, documented in docs/reasons.md.
 """
 import contextlib
+import copy
 import math
 import os
 import re
@@ -17,12 +20,13 @@ import torch
 
 from opforge import task as T
 from opforge import timing
+from opforge import tolerance as tol
 from opforge.tracing import OpTracer
 
 MAX_CALIBRATION_STEPS = 4
 # The checks a run may switch off (filter --skip-check), in the order they run; loading and
 # running in eager are not optional: without them there is no task.
-CHECKS = ("finite", "deterministic", "non_constant", "input_sensitive", "time_window", "compile")
+CHECKS = ("finite", "deterministic", "non_constant", "input_sensitive", "time_window", "conditioning", "compile")
 REASON = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -169,6 +173,31 @@ def _run_checks(model, inputs_a, inputs_b, first, mod, tracer, skip=frozenset())
 MAX_INPUT_ELEMENTS = 1 << 28  # calibration never grows the inputs past 1 GiB of float32
 
 
+def _conditioning(model, inputs, out, rtol, atol):
+    """Float32 eager against the same weights and inputs in float64, by the judge's rule: a task
+    whose float32 answer is itself that far from the true one (chaotic nets, cancellation) cannot
+    judge any float32 kernel. Returns what was found; a model that cannot run in float64 (an op
+    without it, a dtype it forces, memory) is no verdict on the task: "unavailable: ..."."""
+    floats = [k for k, t in enumerate(out) if t.is_floating_point()]
+    if not floats:
+        return "no floating output"
+    try:
+        m64 = copy.deepcopy(model).double()
+        x64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+        ref = T.flatten_outputs(_run(m64, x64))
+        del m64, x64
+    except Exception as e:  # noqa: BLE001 - see the docstring
+        return f"unavailable: {type(e).__name__}: {str(e)[:200]}"
+    if len(ref) != len(out) or any(ref[k].shape != out[k].shape for k in floats):
+        return "unavailable: the float64 run returns other outputs"
+    got = [out[k] for k in floats]
+    truth = [ref[k].to(out[k].dtype) for k in floats]
+    if not tol.close(got, truth, rtol=rtol, atol=atol):
+        raise Reject("ill_conditioned", f"float32 eager is up to {tol.max_error(got, truth):.3g} from the same model "
+                                        "in float64: no float32 kernel can be judged against it (tolerance.py)")
+    return "float64 agrees"
+
+
 def _scale_code(code, free_sizes, factor, input_numel=0):
     """Multiplies the first free module-level size by factor; returns (code, old, new) or None."""
     for name in free_sizes:
@@ -230,6 +259,7 @@ def _judge(code, device="cpu", min_ms=1.0, max_ms=100.0, calibrate=True, free_si
                "torch": torch.__version__}
     calibration = []
     original = code
+    tol.exact_fp32()
     phases = metrics["phases"] = {}  # where the task's time goes (bench/filter_report.py's table)
     timing.LOCK_WAIT_S[0] = 0.0
     try:
@@ -255,6 +285,9 @@ def _judge(code, device="cpu", min_ms=1.0, max_ms=100.0, calibrate=True, free_si
             code, name, old, new = scaled
             calibration.append({"size": name, "from": old, "to": new, "eager_ms": med})
         metrics.update(eager_ms=eager["median_ms"], eager=eager)
+        if "conditioning" not in skip:
+            with _phase(phases, "conditioning_s"), timing.shared(timing.check_lock(timing_lock, device)):
+                metrics["conditioning"] = _conditioning(model, inputs, out, rtol, atol)
         if "compile" in skip:
             return _accepted(metrics, ops, code, original, calibration)
         if device.startswith("cuda"):
@@ -264,8 +297,9 @@ def _judge(code, device="cpu", min_ms=1.0, max_ms=100.0, calibrate=True, free_si
             compiled = _guard("compile_error", lambda: torch.compile(model, mode=compile_mode))
             out_c = _leaves(_guard("compile_error", lambda: _run(compiled, inputs)))
         metrics["compile_wall_s"] = time.perf_counter() - t0
-        if not _same(out, out_c, rtol=rtol, atol=atol):
-            raise Reject("compile_mismatch", f"compiled output differs from eager by up to {_max_diff(out, out_c):.3g}")
+        if not tol.close(out_c, out, rtol=rtol, atol=atol):
+            raise Reject("compile_mismatch", f"compiled output differs from eager by up to {_max_diff(out, out_c):.3g} "
+                                             "(the judge's rule, tolerance.py)")
         with _phase(phases, "compile_timing_s"):
             comp = _guard("compile_error", lambda: timing.time_fn(lambda: _run(compiled, inputs), device,
                                                                   trials=trials, lock_path=timing_lock))

@@ -1,0 +1,55 @@
+"""The agreement rule of filter and judge (python/opforge/tolerance.py)."""
+import sys
+import unittest
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+from opforge import tolerance as tol  # noqa: E402
+
+
+class AgreementRule(unittest.TestCase):
+    def test_is_allclose_for_outputs_of_unit_magnitude(self):
+        g = torch.Generator().manual_seed(0)
+        ref = torch.rand(4096, generator=g) * 2 - 1  # |ref| <= 1: the scale is 1
+        for eps in (0.5e-2, 0.9e-2, 1.1e-2, 3e-2):
+            out = ref + eps
+            self.assertEqual(tol.tensor_close(out, ref), torch.allclose(out, ref, rtol=1e-2, atol=1e-2), eps)
+
+    def test_absolute_part_is_in_the_outputs_own_units_above_one(self):
+        # Mamba2-like: values ~1e20, a few cancelled to ~0, float32 rounding ~1e14 everywhere.
+        g = torch.Generator().manual_seed(1)
+        ref = torch.randn(4096, generator=g, dtype=torch.float64) * 1e20
+        ref[::512] = 0.0
+        out = ref + torch.randn(4096, generator=g, dtype=torch.float64) * 1e14
+        self.assertFalse(torch.allclose(out, ref, rtol=1e-2, atol=1e-2), "plain allclose fails the cancelled elements")
+        self.assertTrue(tol.tensor_close(out, ref))
+        # ...but an error of a tenth of the output's typical size is still wrong.
+        wrong = ref.clone()
+        wrong[7] += 0.1 * ref.abs().mean()
+        wrong[7::512] += 0.1 * ref.abs().mean()
+        self.assertFalse(tol.tensor_close(wrong, ref))
+
+    def test_nan_shape_and_dtype_never_agree(self):
+        ref = torch.ones(8)
+        self.assertFalse(tol.tensor_close(torch.full((8,), float("nan")), ref))
+        self.assertFalse(tol.tensor_close(torch.ones(1), ref), "no broadcasting")
+        self.assertFalse(tol.tensor_close(torch.ones(8, dtype=torch.float64), ref))
+        self.assertFalse(tol.close([ref], [ref, ref]))
+        self.assertEqual(tol.max_error([torch.full((8,), float("nan"))], [ref]), float("inf"))
+
+    def test_integer_outputs_are_compared_exactly_in_unit_scale(self):
+        ref = torch.arange(1000)
+        self.assertTrue(tol.tensor_close(ref.clone(), ref))
+        self.assertFalse(tol.tensor_close(ref + 1, ref), "1 > atol + rtol * |ref| for the small entries")
+
+    def test_references_are_float32_proper(self):
+        torch.backends.cudnn.allow_tf32 = True
+        tol.exact_fp32()
+        self.assertFalse(torch.backends.cudnn.allow_tf32)
+        self.assertFalse(torch.backends.cuda.matmul.allow_tf32)
+
+
+if __name__ == "__main__":
+    unittest.main()
