@@ -29,6 +29,7 @@ for t in ('tasks', 'filter_results', 'dedup_results', 'compose_failures'):
     if d.execute('SELECT name FROM sqlite_master WHERE name=?', (t,)).fetchone(): d.execute(f'DELETE FROM {t}')
 d.commit()" "$src/opforge.db" "$tmp/wsu/opforge.db"
 "$bin" compose --workspace "$tmp/wsu" --count "$n" 2> "$tmp/compose.log"
+"$bin" filter --workspace "$tmp/wsu" --device cpu --limit 1 2> /dev/null  # the filter's tables, one real verdict
 "$py" bench/decontam_report.py accept "$tmp/wsu"
 "$bin" dedup --workspace "$tmp/wsu" --reference "$root" 2> "$tmp/dedup_unrelated.log"
 "$py" bench/decontam_report.py report "$tmp/wsu" "graph candidates"

@@ -121,6 +121,26 @@ def _resolve(node, aliases):
     return d
 
 
+LOCAL_MODULE = "local_module"  # a module the file builds itself (its class or helper's name is the file's own)
+
+
+def _rooted(full):
+    return full.split(".")[0] in ("torch", "transformers")
+
+
+def op_token(op):
+    """An op as a similarity token: one spelling per computation (`F.relu`, `torch.relu`,
+    `nn.ReLU`, `Tensor.relu_` -> `relu`; `nn.LayerNorm`, `F.layer_norm` -> `layernorm`), so a
+    copy that only changes how it calls an op scores as the op it calls (bench/decontam_recall.sh)."""
+    for prefix in ("torch.nn.functional.", "torch.", "F.", "nn.", "Tensor."):
+        if op.startswith(prefix):
+            op = op[len(prefix):]
+            break
+    if op.endswith("_") and not op.endswith("__"):
+        op = op[:-1]
+    return op.replace("_", "").lower()
+
+
 def _ast_ops(tree):
     """The op sequence of the Model's forward, read from the AST in execution order."""
     aliases = _import_aliases(tree)
@@ -138,7 +158,7 @@ def _ast_ops(tree):
                 full = _resolve(node.value.func, aliases)
                 for t in node.targets:
                     if full and isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
-                        submodules[t.attr] = _spell(full)
+                        submodules[t.attr] = _spell(full) if _rooted(full) else LOCAL_MODULE
     ops = []
 
     def visit(node):
@@ -183,11 +203,12 @@ def features_of(code, ops=None):
     if ops is None:
         ops = _ast_ops(tree)
     tokens = _ngrams(tree)
-    for i, op in enumerate(ops):
+    spelled = [op_token(op) for op in ops]
+    for i, op in enumerate(spelled):
         key = "op:" + op
         tokens[key] = tokens.get(key, 0) + 1
         if i:
-            key = f"op:{ops[i - 1]}>{op}"
+            key = f"op:{spelled[i - 1]}>{op}"
             tokens[key] = tokens.get(key, 0) + 1
     normal = ast.unparse(_canonicalise(tree))
     return {"normal": normal, "tokens": tokens, "ops": ops}
