@@ -245,6 +245,29 @@ def _limit_gpu_memory():
         _limit_gpu_memory.done = True
 
 
+def _compile_checks(model, inputs, out, device, rtol, atol, trials, timing_lock, compile_mode, metrics):
+    """torch.compile runs and agrees with eager by the judge's rule; its time. Adds to metrics."""
+    phases = metrics["phases"]
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats(device)
+    t0 = time.perf_counter()
+    with _phase(phases, "compile_s"):
+        compiled = _guard("compile_error", lambda: torch.compile(model, mode=compile_mode))
+        out_c = _leaves(_guard("compile_error", lambda: _run(compiled, inputs)))
+    metrics["compile_wall_s"] = time.perf_counter() - t0
+    if not tol.close(out_c, out, rtol=rtol, atol=atol):
+        raise Reject("compile_mismatch", f"compiled output differs from eager by up to {_max_diff(out, out_c):.3g} "
+                                         "(the judge's rule, tolerance.py)")
+    with _phase(phases, "compile_timing_s"):
+        comp = _guard("compile_error", lambda: timing.time_fn(lambda: _run(compiled, inputs), device,
+                                                              trials=trials, lock_path=timing_lock))
+    eager_ms = metrics["eager_ms"]
+    metrics.update(compile_ms=comp["median_ms"], compiled=comp,
+                   compile_speedup=eager_ms / comp["median_ms"] if comp["median_ms"] > 0 else None)
+    if device.startswith("cuda"):
+        metrics["peak_mem_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+
+
 def _judge(code, device="cpu", min_ms=1.0, max_ms=100.0, calibrate=True, free_sizes=("batch_size",),
           rtol=1e-2, atol=1e-2, timing_lock=None, trials=20, compile_mode=None, skip_checks=(), extra_checks=()):
     device = T.resolve_device(device)
@@ -288,25 +311,8 @@ def _judge(code, device="cpu", min_ms=1.0, max_ms=100.0, calibrate=True, free_si
         if "conditioning" not in skip:
             with _phase(phases, "conditioning_s"), timing.shared(timing.check_lock(timing_lock, device)):
                 metrics["conditioning"] = _conditioning(model, inputs, out, rtol, atol)
-        if "compile" in skip:
-            return _accepted(metrics, ops, code, original, calibration)
-        if device.startswith("cuda"):
-            torch.cuda.reset_peak_memory_stats(device)
-        t0 = time.perf_counter()
-        with _phase(phases, "compile_s"):
-            compiled = _guard("compile_error", lambda: torch.compile(model, mode=compile_mode))
-            out_c = _leaves(_guard("compile_error", lambda: _run(compiled, inputs)))
-        metrics["compile_wall_s"] = time.perf_counter() - t0
-        if not tol.close(out_c, out, rtol=rtol, atol=atol):
-            raise Reject("compile_mismatch", f"compiled output differs from eager by up to {_max_diff(out, out_c):.3g} "
-                                             "(the judge's rule, tolerance.py)")
-        with _phase(phases, "compile_timing_s"):
-            comp = _guard("compile_error", lambda: timing.time_fn(lambda: _run(compiled, inputs), device,
-                                                                  trials=trials, lock_path=timing_lock))
-        metrics.update(compile_ms=comp["median_ms"], compiled=comp,
-                       compile_speedup=eager["median_ms"] / comp["median_ms"] if comp["median_ms"] > 0 else None)
-        if device.startswith("cuda"):
-            metrics["peak_mem_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+        if "compile" not in skip:
+            _compile_checks(model, inputs, out, device, rtol, atol, trials, timing_lock, compile_mode, metrics)
         return _accepted(metrics, ops, code, original, calibration)
     except Reject as r:
         return {"verdict": "rejected", "reason": r.reason, "detail": str(r)[:2000], "metrics": metrics,
