@@ -83,10 +83,6 @@ def _same(a, b, rtol, atol):
         for x, y in zip(a, b))
 
 
-def _max_diff(a, b):
-    return max(((x.float() - y.float()).abs().max().item() if x.numel() else 0.0) for x, y in zip(a, b))
-
-
 def _guard(reason, fn):
     try:
         return fn()
@@ -155,7 +151,7 @@ def _run_checks(model, inputs_a, inputs_b, first, mod, tracer, skip=frozenset())
         torch.manual_seed(987654321)
         out_a2 = _leaves(_guard("eager_error", lambda: _run(model, inputs_a)))
         if not _same(out_a, out_a2, rtol=1e-5, atol=1e-6):
-            raise Reject("nondeterministic", f"two runs on the same inputs differ by up to {_max_diff(out_a, out_a2):.3g}")
+            raise Reject("nondeterministic", f"two runs on the same inputs differ by up to {tol.max_error(out_a, out_a2):.3g}")
     if "non_constant" not in skip:
         for t in out_a:
             if t.numel() > 1:
@@ -256,7 +252,7 @@ def _compile_checks(model, inputs, out, device, rtol, atol, trials, timing_lock,
         out_c = _leaves(_guard("compile_error", lambda: _run(compiled, inputs)))
     metrics["compile_wall_s"] = time.perf_counter() - t0
     if not tol.close(out_c, out, rtol=rtol, atol=atol):
-        raise Reject("compile_mismatch", f"compiled output differs from eager by up to {_max_diff(out, out_c):.3g} "
+        raise Reject("compile_mismatch", f"compiled output differs from eager by up to {tol.max_error(out_c, out):.3g} "
                                          "(the judge's rule, tolerance.py)")
     with _phase(phases, "compile_timing_s"):
         comp = _guard("compile_error", lambda: timing.time_fn(lambda: _run(compiled, inputs), device,

@@ -28,22 +28,35 @@ def exact_fp32():
     torch.backends.cuda.matmul.allow_tf32 = False
 
 
+SCALED_SHARE = 0.01  # at most this share of elements may need the scaled absolute part
+
+
 def scale_of(ref):
-    """The unit of the absolute tolerance: the mean magnitude of a floating tensor, at least 1."""
+    """The unit of the absolute tolerance: the mean magnitude of a floating tensor, at least 1
+    (an L1 norm: one reduction, no copy of a GiB output)."""
     if ref.numel() == 0 or not (ref.is_floating_point() or ref.is_complex()):
         return 1.0
-    m = ref.abs().float().mean().item()
+    m = torch.linalg.vector_norm(ref, ord=1).item() / ref.numel()
     return max(1.0, m) if m == m else 1.0
 
 
 def tensor_close(out, ref, rtol=RTOL, atol=ATOL):
-    """|out - ref| <= atol * scale_of(ref) + rtol * |ref| everywhere, NaN never equal; shapes and
-    dtypes must match. For outputs of magnitude <= 1 this is torch.allclose(rtol, atol)."""
+    """|out - ref| <= atol * scale_of(ref) + rtol * |ref| everywhere, NaN never equal, and at most
+    SCALED_SHARE of the elements outside plain allclose(rtol, atol); shapes and dtypes must match.
+    For outputs of magnitude <= 1 this is torch.allclose(rtol, atol). The share keeps a mean
+    inflated by a few huge elements from excusing the rest: an output whose small elements are
+    simply left at zero is wrong (Mamba2's cancelled elements are 0.0004%)."""
     if out.shape != ref.shape or out.dtype != ref.dtype:
         return False
     if out.numel() == 0:
         return True
-    return torch.allclose(out, ref, rtol=rtol, atol=atol * scale_of(ref), equal_nan=False)
+    scale = scale_of(ref)
+    if scale == 1.0:
+        return torch.allclose(out, ref, rtol=rtol, atol=atol, equal_nan=False)
+    if not torch.allclose(out, ref, rtol=rtol, atol=atol * scale, equal_nan=False):
+        return False
+    outside = (~torch.isclose(out, ref, rtol=rtol, atol=atol)).sum().item()
+    return outside <= SCALED_SHARE * out.numel()
 
 
 def close(outs, refs, rtol=RTOL, atol=ATOL):

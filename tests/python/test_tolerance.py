@@ -31,6 +31,18 @@ class AgreementRule(unittest.TestCase):
         wrong[7::512] += 0.1 * ref.abs().mean()
         self.assertFalse(tol.tensor_close(wrong, ref))
 
+    def test_a_few_huge_elements_do_not_excuse_the_rest(self):
+        # An adversary's shortcut on an outlier-dominated output: the huge elements exact, the
+        # rest left at zero. The mean magnitude (1e6) would allow 1e4 of error everywhere.
+        g = torch.Generator().manual_seed(2)
+        ref = torch.randn(100_000, generator=g)
+        ref[:10] = 1e10
+        lazy = torch.zeros_like(ref)
+        lazy[:10] = ref[:10]
+        self.assertGreater(tol.scale_of(ref), 1e5)
+        self.assertFalse(tol.tensor_close(lazy, ref))
+        self.assertTrue(tol.tensor_close(ref.clone(), ref))
+
     def test_nan_shape_and_dtype_never_agree(self):
         ref = torch.ones(8)
         self.assertFalse(tol.tensor_close(torch.full((8,), float("nan")), ref))
