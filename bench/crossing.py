@@ -102,12 +102,13 @@ def ask(chan, spin, **msg):
     return recv(chan, spin)
 
 
-def variant(chan, bufs, spin, steps, trials):
+def variant(chan, bufs, spin, steps, trials, idle_ms=0.0):
     """Per-call median of a timed "run" after the untimed `steps` (a string of step letters):
     m: the parent makes the next inputs with a kernel (a mix, on the compute engine), in staging
     c: it copies staging into the shared arena and flushes L2 with kernels (fill)
     d: it does both with cudaMemcpy only (copy engine: inputs, then a 64 MiB copy over the flush buffer)
-    r: the child launches a tiny kernel (the ready ping)"""
+    r: the child launches a tiny kernel (the ready ping)
+    s: the parent leaves the GPU idle for idle_ms (host sleep; does the context switch's cost fade?)"""
     arena_t, src, flush, flush_src = bufs
     ask(chan, False, op="spin", on=spin)
     times = []
@@ -123,6 +124,9 @@ def variant(chan, bufs, spin, steps, trials):
                 flush.copy_(flush_src)
             elif step == "r":
                 ask(chan, spin, op="ready")
+            elif step == "s":
+                torch.cuda.synchronize()
+                time.sleep(idle_ms / 1e3)
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         ask(chan, spin, op="run")
@@ -139,6 +143,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, nargs="+", default=[1024, 16])
     ap.add_argument("--trials", type=int, default=200)
+    ap.add_argument("--idle-ms", type=float, nargs="*", default=[0.5, 2.0, 10.0],
+                    help="idle times tried after the rewrite (steps cs, spin only)")
     a = ap.parse_args()
     print("| MiB | wait | untimed steps | judge ms/call | in-child wall ms | in-child events ms | overhead ms |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
@@ -163,6 +169,10 @@ def main():
                 ms = variant(chan, bufs, spin, steps, a.trials)
                 print(f"| {mib} | {'spin' if spin else 'block'} | {steps or '-'} | {ms:.4f} | {loc['wall']:.4f} | "
                       f"{loc['events']:.4f} | {ms - loc['wall']:.4f} |", flush=True)
+        for idle in a.idle_ms:
+            ms = variant(chan, bufs, True, "cs", a.trials, idle)
+            print(f"| {mib} | spin | cs ({idle:g} ms idle) | {ms:.4f} | {loc['wall']:.4f} | "
+                  f"{loc['events']:.4f} | {ms - loc['wall']:.4f} |", flush=True)
         chan.send({"op": "exit"})
         proc.wait(30)
         del t

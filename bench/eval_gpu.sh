@@ -9,8 +9,8 @@
 #   all        strict: tasks/ with solutions/, released/ (CUDA Agent's released layout), every hack folder of
 #              hacks/ against the task it targets, and the KernelBench kernels: honest rows must be correct,
 #              hacks reward -1 with the reason their docstring names ("expect `reason`")
-#   allowed    the hacks and KernelBench kernels again under --policy torch-allowed: still -1 (isolation,
-#              not only the guard)
+#   allowed    the honest solutions, the hacks and KernelBench kernels again under --policy torch-allowed:
+#              hacks still -1 (isolation, not only the guard)
 #   repeat_N   the elementwise solution in 3 processes: spread of the candidate medians against 1%
 #   throughput 64 solution files (8 distinct extension sources x 8 copies) of elementwise_chain
 # RUNS="all allowed repeat throughput" (the default) picks which; THROUGHPUT=0 drops the last.
@@ -43,6 +43,9 @@ add_as() {  # SRC NAME TASK DIR: SRC (file or folder) becomes solution NAME of a
 mkdir -p "$tmp/all/tasks" "$tmp/all/sols" "$tmp/hk/tasks" "$tmp/hk/sols"
 cp "$fx"/tasks/*.py "$tmp/all/tasks/"
 cp -r "$fx"/solutions/* "$tmp/all/sols/"
+# The honest rows under torch-allowed too: no observer over their timed calls (its cost, if any, shows)
+cp "$fx"/tasks/*.py "$tmp/hk/tasks/"
+cp -r "$fx"/solutions/* "$tmp/hk/sols/"
 for e in "$fx"/released/*; do add_as "$e" "released__$(basename "$e")" "$fx/tasks/$(basename "$e").py" "$tmp/all"; done
 for h in "$fx"/hacks/*/; do
   h=${h%/}

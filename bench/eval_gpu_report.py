@@ -53,6 +53,21 @@ def table(out, run, exp):
     return bad
 
 
+def overhead(run, r):
+    """The judge's per-call time against the profiler's kernels, and where a batch's time went:
+    the crossing outside the child's clock, then (profiling pass) first launch, GPU idle, sync."""
+    prof, cand = r.get("profile") or {}, (r.get("timing") or {}).get("candidate") or {}
+    ratio = prof.get("judge_over_kernels")
+    if not (r.get("correct") and isinstance(ratio, (int, float))):
+        return
+    print(f"judge vs profiler kernels, {run} {r['solution']}: {ratio:.3f} "
+          f"({'PASS' if abs(ratio - 1) <= 0.05 else 'FAIL'} against 5%)")
+    parts = prof.get("batch_ms") or {}
+    print(f"    per batch of {cand.get('batch')}: request {f3(cand.get('request_ms'))} ms, answer "
+          f"{f3(cand.get('answer_ms'))}, floor {f3(cand.get('floor_ms'))}, in-child {f3(cand.get('child_median_ms'))}"
+          f"/call; profiled: " + ", ".join(f"{k} {f3(parts.get(k))}" for k in ("wall", "lead", "launch", "busy", "gaps", "tail")))
+
+
 def phase_seconds(log):
     """(build s, eval s) from the timestamps of the run's log lines."""
     t = {}
@@ -71,11 +86,9 @@ def main(out, fx):
     bad = sum(table(out, run, exp) for run in ("all", "allowed"))
     sandboxes = {r.get("sandbox") for run in ("all", "allowed") for r in rows(out, run) or []}
     print("sandbox of the rows:", sandboxes)
-    for r in rows(out, "all") or []:
-        ratio = (r.get("profile") or {}).get("judge_over_kernels")
-        if r.get("correct") and isinstance(ratio, (int, float)):
-            print(f"judge vs profiler kernels, {r['solution']}: {ratio:.3f} "
-                  f"({'PASS' if abs(ratio - 1) <= 0.05 else 'FAIL'} against 5%)")
+    for run in ("all", "allowed"):
+        for r in rows(out, run) or []:
+            overhead(run, r)
     meds = [r["candidate_ms"] for i in (1, 2, 3) for r in rows(out, f"repeat_{i}") or [] if r.get("candidate_ms")]
     if len(meds) == 3:
         spread = (max(meds) - min(meds)) / statistics.median(meds)

@@ -66,6 +66,8 @@ case $step in
     tar czf "$OUT/eval_reports.tgz" -C /tmp/evg --exclude cache . 2> /dev/null
     if [ "${CTEST_TIMEOUT:-330}" != 0 ]; then  # CTEST_TIMEOUT=0: the bench only
       stamp "eval gpu tests"
+      # The bench built the same fixtures' extensions: the tests reuse them (keys are source hashes)
+      mkdir -p build-gpu/tests/eval_cache && cp -rn /tmp/evg/cache/extensions build-gpu/tests/eval_cache/ 2> /dev/null
       (cd build-gpu && timeout "${CTEST_TIMEOUT:-330}" ctest -L gpu --output-on-failure) > "$OUT/ctest_gpu.txt" 2>&1
       tail -4 "$OUT/ctest_gpu.txt"
     fi

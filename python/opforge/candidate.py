@@ -18,7 +18,10 @@ Requests (JSON on the inherited socket, python/opforge/shm.py), answered in orde
   run      {mode, fetch}            one forward; mode "check" collects evidence
   fetch    {}                       copy the last output into the output arena
 """
+import contextlib
+import gc
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -277,9 +280,18 @@ def _batch(st, n):
     clock is around the whole batch (docs/architecture.md, "The judge")."""
     if not 1 <= n <= len(st.slots):
         raise Refused("protocol_error", f"a batch of {n} calls over {len(st.slots)} input slots")
-    with torch.no_grad():
-        outs = [st.model(*args) for args in st.slots[:n]]
-    _sync()
+    # Under the profiler the batch is a range of its own, so its wall time can be split into the
+    # GPU's busy time and the rest (_timeline).
+    mark = torch.profiler.record_function(BATCH_RANGE) if st.prof is not None else contextlib.nullcontext()
+    was = gc.isenabled()
+    gc.disable()  # as timeit: no collection pause inside the judge's clock
+    try:
+        with mark, torch.no_grad():
+            outs = [st.model(*args) for args in st.slots[:n]]
+            _sync()
+    finally:
+        if was:
+            gc.enable()
     return outs
 
 
@@ -394,6 +406,54 @@ def _kernel_kind(name):
     return "library" if any(k in name.lower() for k in _LIBRARIES) else "own"
 
 
+BATCH_RANGE = "opforge_batch"
+
+
+def _on_gpu(e):
+    return getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
+
+
+def _is_launch(name):
+    return name.startswith("cu") and "Launch" in name  # cudaLaunchKernel, cuLaunchKernelEx, ...
+
+
+def _batch_parts(r, gpu, launches):
+    """One profiled batch's wall split into lead, launch, busy, gaps and tail (ms; _timeline)."""
+    ks = [k for k in gpu if r.start <= k[0] <= r.end]
+    if not ks:
+        return None
+    busy, reach = 0.0, ks[0][0]
+    for a, b in ks:  # union of the kernels' intervals
+        busy += max(0.0, b - max(a, reach))
+        reach = max(reach, b)
+    first_launch = next((t for t in launches if t >= r.start), r.start)
+    us = {"wall": r.end - r.start, "lead": ks[0][0] - r.start, "launch": first_launch - r.start, "busy": busy,
+          "gaps": reach - ks[0][0] - busy, "tail": r.end - reach}
+    return {k: v / 1e3 for k, v in us.items()}
+
+
+def _timeline(events):
+    """Where a profiled batch's wall time went (ms per batch, median over the batches; the first
+    carries the profiler's start-up): `lead` from the batch's start to its first kernel's, of
+    which `launch` passed before the host's first launch call (the rest is the GPU's start-up: a
+    switch from the judge's context); `gaps` the GPU idle between its kernels; `tail` from the
+    last kernel's end to the batch's end (the sync). With `busy` (the union of its kernels) they
+    sum to the batch's wall. Evidence of the judge's overhead, and `first_host_ops` what the host
+    did first in the last batch (name, start and duration, ms)."""
+    ranges = [e.time_range for e in events if e.name == BATCH_RANGE and not _on_gpu(e)]
+    # The range's own GPU-side annotation spans its kernels: not a kernel.
+    gpu = sorted((e.time_range.start, e.time_range.end) for e in events if _on_gpu(e) and e.name != BATCH_RANGE)
+    launches = sorted(e.time_range.start for e in events if not _on_gpu(e) and _is_launch(e.name))
+    parts = [p for p in (_batch_parts(r, gpu, launches) for r in ranges) if p]
+    if not parts:
+        return None
+    r = ranges[-1]
+    first = sorted((e.time_range.start, e.name, e.time_range.end - e.time_range.start) for e in events
+                   if not _on_gpu(e) and e.name != BATCH_RANGE and r.start <= e.time_range.start <= r.end)[:8]
+    return {"batches": len(parts), **{k: statistics.median(p[k] for p in parts) for k in parts[0]},
+            "first_host_ops": [[n, round((t - r.start) / 1e3, 4), round(d / 1e3, 4)] for t, n, d in first]}
+
+
 def op_profile(st, msg, fds):
     """action "start": the CUDA profiler on, while the judge drives calls exactly as it times them
     (fresh inputs, L2 flushed by the judge); "stop": the kernels those calls launched, by kind, and
@@ -412,13 +472,14 @@ def op_profile(st, msg, fds):
     n = max(1, int(msg.get("calls", 1)))
     by_kind, names = {}, {}
     for e in prof.events():
-        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
+        if not _on_gpu(e) or e.name == BATCH_RANGE:
             continue
         kind = _kernel_kind(e.name)
         by_kind[kind] = by_kind.get(kind, 0.0) + e.device_time / n / 1e3
         if kind == "torch_compute":
             names[e.name[:120]] = 1
-    return {"kernel_ms_per_call": sum(by_kind.values()), "by_kind_ms": by_kind, "torch_kernels": sorted(names)[:8]}
+    return {"kernel_ms_per_call": sum(by_kind.values()), "by_kind_ms": by_kind, "torch_kernels": sorted(names)[:8],
+            "batch_ms": _timeline(prof.events())}
 
 
 def op_fetch(st, msg, fds):

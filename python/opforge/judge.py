@@ -672,7 +672,9 @@ SLOT_BUDGET_CPU = 1 << 30  # host bytes the input slots and the child's outputs 
 
 def _slot_budget(device):
     """Bytes one batch may hold (input slots plus the outputs the child keeps): 40% of the
-    device's free memory, since the child's own workspace and the judge's draws share it."""
+    device's free memory, since the child's own workspace and the judge's draws share it. (Half
+    was tried on the H200: 28 calls instead of 23 did not bring the judge closer to the kernels'
+    time, docs/gpu.md "Tenth session".)"""
     if str(device).startswith("cuda"):
         return torch.cuda.mem_get_info(torch.device(device))[0] * 2 // 5
     return SLOT_BUDGET_CPU
@@ -826,11 +828,14 @@ def _median(xs):
     return xs[len(xs) // 2] if xs else None
 
 
+PROFILE_BATCHES = 3  # batches of the profiling pass at least (its timeline is a mean over them)
+
+
 def _profile(sess, timer, result, strict, lock, calls=5):
     """A separate pass under the child's CUDA profiler, the batches prepared exactly as timed ones:
     the share of GPU time in the solution's own kernels, in the allowed libraries and in torch's
     (evidence); under strict, a torch compute kernel is a fallback."""
-    batches = max(1, math.ceil(calls / sess.slots))
+    batches = max(PROFILE_BATCHES, math.ceil(calls / sess.slots))
     with timing.exclusive(lock):
         sess.child.must("profile", "starting the profiler", action="start")
         for _ in range(batches):
@@ -840,7 +845,7 @@ def _profile(sess, timer, result, strict, lock, calls=5):
     if not reply.get("ok"):
         result["flags"].append("no_profile")
         return
-    prof = {k: reply.get(k) for k in ("kernel_ms_per_call", "by_kind_ms", "torch_kernels")}
+    prof = {k: reply.get(k) for k in ("kernel_ms_per_call", "by_kind_ms", "torch_kernels", "batch_ms")}
     kernel_ms = prof.get("kernel_ms_per_call")
     if isinstance(kernel_ms, (int, float)) and kernel_ms > 0:
         prof["judge_over_kernels"] = result["candidate"]["median_ms"] / kernel_ms
