@@ -47,7 +47,7 @@ for step in "${steps[@]}"; do
 case $step in
   build)
     stamp build
-    if ! { cmake -S . -B build-gpu -G Ninja -DOPFORGE_PYTHON=$P -DOPFORGE_BUILD_TESTS=${BUILD_TESTS:-ON} -DOPFORGE_GPU_TESTS_ONLY=ON -Wno-dev && cmake --build build-gpu -j"$(nproc)"; } \
+    if ! { cmake -S . -B build-gpu -G Ninja -DOPFORGE_PYTHON=$P -DOPFORGE_BUILD_TESTS=${BUILD_TESTS:-ON} -DOPFORGE_GPU_TESTS_ONLY=ON -DOPFORGE_SERVE=OFF -Wno-dev && cmake --build build-gpu -j"$(nproc)"; } \
         > /tmp/build.log 2>&1; then
       tail -60 /tmp/build.log > "$OUT/build_failed.log"; tail -20 /tmp/build.log; exit 1
     fi

@@ -12,6 +12,7 @@
 
 #include "evaluator.h"
 #include "internal.h"
+#include "run.h"
 #include "opforge/core/error.h"
 #include "opforge/core/gpus.h"
 #include "opforge/core/hash.h"
@@ -21,81 +22,13 @@
 
 namespace opforge::evaluator {
 
-namespace fs = std::filesystem;
-using nlohmann::json;
-
 namespace {
-
-// Requests across the C++/Python seam, one struct each (python/opforge/judge.py has the handlers).
-struct CompileRequest {
-  std::string solution_dir, entry, layout, cache_dir, policy, log_path;
-  json launch;
-  double timeout_s = 600;
-};
-void to_json(json& j, const CompileRequest& r) {
-  j = {{"solution_dir", r.solution_dir}, {"entry", r.entry}, {"layout", r.layout}, {"cache_dir", r.cache_dir},
-       {"launch", r.launch}, {"policy", r.policy}, {"timeout_s", r.timeout_s}, {"log_path", r.log_path}};
-}
-
-struct Measure {  // what eval_solution and eval_baselines share
-  std::string device, timing_lock, log_path;
-  json launch;
-  int trials = 100, correct_trials = 5;
-  double budget_s = 10, timeout_s = 600;
-  std::uint64_t seed = 0;
-};
-void put_measure(json& j, const Measure& m) {
-  j.update({{"device", m.device}, {"launch", m.launch}, {"trials", m.trials}, {"correct_trials", m.correct_trials},
-            {"budget_s", m.budget_s}, {"timeout_s", m.timeout_s}, {"seed", m.seed}, {"log_path", m.log_path}});
-}
-
-struct SolutionRequest {
-  std::string task_code, solution_dir, entry, layout, policy;
-  json artifacts;
-  double atol = 1e-2, rtol = 1e-2;
-  Measure m;
-};
-void to_json(json& j, const SolutionRequest& r) {
-  j = {{"task_code", r.task_code}, {"solution_dir", r.solution_dir}, {"entry", r.entry}, {"layout", r.layout},
-       {"artifacts", r.artifacts}, {"policy", r.policy}, {"atol", r.atol}, {"rtol", r.rtol}};
-  put_measure(j, r.m);
-}
-
-struct BaselineRequest {
-  std::string task_code, cache_dir;
-  Measure m;
-};
-void to_json(json& j, const BaselineRequest& r) {
-  j = {{"task_code", r.task_code}, {"cache_dir", r.cache_dir}};
-  put_measure(j, r.m);
-}
-
-json request(const char* op, const json& args, double timeout_s) {
-  // The pool's limit is the judge worker's; the judge bounds every wait on a child itself, so this
-  // one only fires when the judge itself hangs.
-  return {{"op", op}, {"timeout_s", timeout_s * 3 + 120}, {"args", args}};
-}
-
-struct Job {
-  std::size_t task;
-  SolutionEntry sol;
-  fs::path work;
-  std::string entry;
-  json row = json::object();
-  bool done = false;
-};
 
 std::string tail(const std::string& s, std::size_t n) { return s.size() <= n ? s : "…" + s.substr(s.size() - n); }
 
 json failed_row(const std::string& reason, const std::string& detail, bool compiled) {
   return {{"compiled", compiled}, {"correct", false}, {"reason", reason}, {"detail", detail},
           {"max_error", nullptr}, {"flags", json::array()}};
-}
-
-fs::path default_cache_dir() {
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return fs::path(x) / "opforge" / "eval";
-  if (const char* h = std::getenv("HOME"); h && *h) return fs::path(h) / ".cache" / "opforge" / "eval";
-  return fs::temp_directory_path() / "opforge-eval-cache";
 }
 
 void copy_solution(const SolutionEntry& s, const fs::path& dst) {
@@ -123,35 +56,15 @@ std::optional<json> pool_failure(const WorkerResult& r, bool compiled) {
 
 }  // namespace
 
+fs::path default_cache_dir() {
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return fs::path(x) / "opforge" / "eval";
+  if (const char* h = std::getenv("HOME"); h && *h) return fs::path(h) / ".cache" / "opforge" / "eval";
+  return fs::temp_directory_path() / "opforge-eval-cache";
+}
+
 // ----------------------------------------------------------------------------------------------
 // The run
 
-namespace {
-
-struct Run {
-  const EvalOptions& o;
-  std::vector<EvalTask> tasks;
-  std::vector<Job> jobs;
-  json unmatched = json::array();
-  long without = 0;
-  fs::path out, cache;
-  std::string device;
-  std::vector<std::string> gpu_ids;
-  std::uint64_t seed = 0;
-  Launch launch;
-  json worker_info = json::object();
-  std::string device_key;
-  std::map<std::string, json> base;  // baselines by xxh3 of the task code
-
-  explicit Run(const EvalOptions& opts) : o(opts) {}
-  void match();
-  WorkerPoolOptions pool_options(int workers, double timeout_s) const;
-  void build();
-  void evaluate(WorkerPool& pool);
-  void baselines(WorkerPool& pool);
-  json report(double secs);
-  Measure measure() const;
-};
 
 void Run::match() {
   std::map<std::string, std::size_t> by_name, by_id;
@@ -201,8 +114,15 @@ Measure Run::measure() const {
   return m;
 }
 
+WorkerPoolOptions Run::build_pool_options(int workers) const {
+  WorkerPoolOptions p = pool_options(workers, o.compile_timeout_s);
+  // torch's ninja builds take MAX_JOBS cores each: the cores shared out between the builds.
+  p.env["MAX_JOBS"] = std::to_string(std::max(1u, usable_cpus() / static_cast<unsigned>(p.workers)));
+  return p;
+}
+
 // Phase 1: static checks and sandboxed builds, in parallel over the cores.
-void Run::build() {
+void Run::build(WorkerPool* shared) {
   std::vector<std::size_t> todo;
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     Job& j = jobs[i];
@@ -216,12 +136,13 @@ void Run::build() {
     }
   }
   if (todo.empty()) return;
-  unsigned hw = usable_cpus();
-  int n = std::min<int>(o.compile_workers > 0 ? o.compile_workers : static_cast<int>(hw), static_cast<int>(todo.size()));
-  WorkerPoolOptions p = pool_options(n, o.compile_timeout_s);
-  // torch's ninja builds take MAX_JOBS cores each: the cores shared out between the builds.
-  p.env["MAX_JOBS"] = std::to_string(std::max(1u, hw / static_cast<unsigned>(p.workers)));
-  WorkerPool pool(p);
+  std::optional<WorkerPool> own;
+  if (!shared) {
+    int n = std::min<int>(o.compile_workers > 0 ? o.compile_workers : static_cast<int>(usable_cpus()),
+                          static_cast<int>(todo.size()));
+    own.emplace(build_pool_options(n));
+  }
+  WorkerPool& pool = shared ? *shared : *own;
   std::vector<json> reqs;
   for (auto i : todo) {
     CompileRequest c{jobs[i].work.string(), jobs[i].entry, jobs[i].sol.folder ? "folder" : "file",
@@ -229,7 +150,7 @@ void Run::build() {
                      launch.spec, o.compile_timeout_s};
     reqs.push_back(request("eval_compile", c, o.compile_timeout_s));
   }
-  spdlog::info("building {} solution(s) with {} worker(s), each in a sandboxed child", reqs.size(), p.workers);
+  spdlog::info("building {} solution(s), each in a sandboxed child", reqs.size());
   Progress progress("build", reqs.size());
   long failed = 0;
   pool.run(reqs, [&](WorkerResult&& r) {
@@ -254,7 +175,7 @@ void Run::build() {
 }
 
 // Static findings become the row's verdict (symbols of aten compute: stopped) or its flags.
-void apply_findings(json& row, const json& findings) {
+static void apply_findings(json& row, const json& findings) {
   std::set<std::string> flags;
   for (auto& f : row.value("flags", json::array())) flags.insert(f.get<std::string>());
   for (auto& f : findings) {
@@ -341,8 +262,7 @@ void Run::baselines(WorkerPool& pool) {
   });
 }
 
-json Run::report(double secs) {
-  long reused = 0;
+json Run::rows() {
   json results = json::array();
   for (auto& j : jobs) {
     json& r = j.row;
@@ -358,7 +278,6 @@ json Run::report(double secs) {
         r["compile"] = b->second["compile"];
         if (!b->second["note"].get<std::string>().empty()) r["detail"] = b->second["note"];
         r["baseline_cached"] = b->second["cached"];
-        reused += b->second["cached"].get<bool>();
       } else {
         r["flags"].push_back("no_baseline");
       }
@@ -369,6 +288,13 @@ json Run::report(double secs) {
     return std::make_pair(a["task"].get<std::string>(), a["solution"].get<std::string>()) <
            std::make_pair(b["task"].get<std::string>(), b["solution"].get<std::string>());
   });
+  return results;
+}
+
+json Run::report(double secs) {
+  json results = rows();
+  long reused = 0;
+  for (auto& r : results) reused += r.value("baseline_cached", json(false)).is_boolean() && r["baseline_cached"].get<bool>();
   json summary = summarize(results, o.speedup_margin);
   summary["tasks"] = static_cast<long>(tasks.size());
   summary["tasks_without_solution"] = without;
@@ -384,6 +310,8 @@ json Run::report(double secs) {
   return {{"summary", summary}, {"results", results}, {"options", options}, {"seconds", secs}, {"version", version()}};
 }
 
+namespace {
+
 std::string cpu_device_name() {
   // The spelling python/opforge/judge.py:device_name uses.
   std::ifstream f("/proc/cpuinfo");
@@ -397,15 +325,6 @@ std::string cpu_device_name() {
   return "cpu";
 }
 
-// Everything a cached baseline depends on besides the task code.
-std::string baseline_key(const json& info, const std::string& device, const EvalOptions& o) {
-  std::string dev = device == "cuda" ? info.value("device_name", "cuda") + " " + info.value("device_uuid", "") +
-                                           " cuda " + info.value("cuda", "")
-                                     : cpu_device_name();
-  return fmt::format("{} | torch {} | {} | trials {} budget {:g}", dev, info.value("torch", ""), kJudgeVersion,
-                     o.trials, o.budget_s);
-}
-
 void write_report(const json& report, const fs::path& out) {
   with_context(fmt::format("while writing the report into {}", out.string()), [&] {
     std::ofstream(out / "report.json") << report.dump(2) << "\n";
@@ -414,6 +333,14 @@ void write_report(const json& report, const fs::path& out) {
 }
 
 }  // namespace
+
+std::string baseline_key(const json& info, const std::string& device, const EvalOptions& o) {
+  std::string dev = device == "cuda" ? info.value("device_name", "cuda") + " " + info.value("device_uuid", "") +
+                                           " cuda " + info.value("cuda", "")
+                                     : cpu_device_name();
+  return fmt::format("{} | torch {} | {} | trials {} budget {:g}", dev, info.value("torch", ""), kJudgeVersion,
+                     o.trials, o.budget_s);
+}
 
 json evaluate(const EvalOptions& o) {
   auto t0 = std::chrono::steady_clock::now();

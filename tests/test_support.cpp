@@ -68,6 +68,11 @@ CmdResult run_opforge(const std::vector<std::string>& args) {
 
 pid_t spawn_opforge(const std::vector<std::string>& args) { return spawn(args, "/dev/null", "/dev/null"); }
 
+pid_t spawn_opforge_to(const std::vector<std::string>& args, const std::filesystem::path& out,
+                       const std::filesystem::path& err) {
+  return spawn(args, out.string(), err.string());
+}
+
 bool kill_when(pid_t pid, const std::filesystem::path& db, const std::string& count_sql, long at_least, int max_s) {
   bool killed = false;
   for (int i = 0; i < max_s * 20 && !killed; ++i) {

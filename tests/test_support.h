@@ -33,6 +33,9 @@ struct CmdResult {
 CmdResult run_opforge(const std::vector<std::string>& args);
 // Starts build/opforge in the background (output discarded); returns its pid.
 pid_t spawn_opforge(const std::vector<std::string>& args);
+// The same, with stdout and stderr written to files (a server's "listening on" line, its logs).
+pid_t spawn_opforge_to(const std::vector<std::string>& args, const std::filesystem::path& out,
+                       const std::filesystem::path& err);
 
 // Polls count_sql on the database until it answers at least `at_least`, then SIGKILLs pid and
 // reaps it. Returns false (after reaping) when pid ended or max_s passed first.

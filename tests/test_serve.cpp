@@ -1,0 +1,154 @@
+// opforge serve on loopback (CPU): the real binary, real judge workers and sandboxed children,
+// spoken to over HTTP with cpp-httplib's client.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+
+#include "test_support.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace opforge;
+
+namespace {
+
+fs::path eval_fx() { return test::fixtures() / "eval"; }
+
+// One `opforge serve` process over fixtures/eval/tasks, stopped (SIGTERM) at the end.
+class Server {
+ public:
+  explicit Server(std::vector<std::string> extra) {
+    std::vector<std::string> args = {"serve", "--tasks", (eval_fx() / "tasks").string(), "--port", "0", "--device",
+                                     "cpu", "--cache-dir", test::eval_cache_dir().string(), "--state-dir",
+                                     (dir_ / "state").string(), "--trials", "5", "--budget-s", "1",
+                                     "--correct-trials", "2"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    pid_ = test::spawn_opforge_to(args, dir_ / "out", dir_ / "err");
+    std::smatch m;
+    for (int i = 0; i < 1200 && port_ == 0; ++i) {  // warm workers import torch first
+      std::string out = test::read_file(dir_ / "out");
+      if (std::regex_search(out, m, std::regex("listening on http://127.0.0.1:(\\d+)"))) port_ = std::stoi(m[1]);
+      if (waitpid(pid_, nullptr, WNOHANG) == pid_) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (port_ == 0) ADD_FAILURE() << "serve did not start: " << test::read_file(dir_ / "err");
+  }
+  ~Server() {
+    kill(pid_, SIGTERM);
+    waitpid(pid_, nullptr, 0);
+  }
+  httplib::Client client() const {
+    httplib::Client c("127.0.0.1", port_);
+    c.set_read_timeout(300, 0);
+    return c;
+  }
+  std::pair<int, json> post(const std::string& path, const json& body) const {
+    auto r = client().Post(path.c_str(), body.dump(), "application/json");
+    if (!r) return {0, json()};
+    return {r->status, json::parse(r->body, nullptr, false)};
+  }
+  json get(const std::string& path) const {
+    auto r = client().Get(path.c_str());
+    return r ? json::parse(r->body, nullptr, false) : json();
+  }
+  std::string log() const { return test::read_file(dir_ / "err"); }
+
+ private:
+  test::TempDir dir_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+json solution(const std::string& task, const fs::path& file) {
+  return {{"task_id", task}, {"solution_code", test::read_file(file)}};
+}
+
+}  // namespace
+
+TEST(Serve, BadRequestsAre400AndAnUnknownTaskIsRetryable) {
+  Server s({});
+  auto c = s.client();
+  auto r = c.Post("/v1/evaluate", "not json", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400);
+  auto [st1, b1] = s.post("/v1/evaluate", {{"task_id", 3}});
+  EXPECT_EQ(st1, 400);
+  EXPECT_EQ(b1["field"], "task_id");
+  auto [st2, b2] = s.post("/v1/evaluate", {{"task_id", "linear_relu"}, {"files", {{"../model_new.py", "x"}}}});
+  EXPECT_EQ(st2, 400);
+  EXPECT_EQ(b2["field"], "files");
+  auto [st3, b3] = s.post("/v1/evaluate", {{"task_id", "linear_relu"}, {"solution_code", "x"}, {"files", {{"a", "b"}}}});
+  EXPECT_EQ(st3, 400);
+  auto [st4, b4] = s.post("/v1/evaluate", {{"task_id", "no_such_task"}, {"solution_code", "x"}});
+  EXPECT_EQ(st4, 404);
+  EXPECT_TRUE(b4["reward"].is_null());
+  EXPECT_TRUE(b4["retryable"].get<bool>());
+  EXPECT_EQ(b4["reason"], "unknown_task");
+  json m = s.get("/metrics");
+  EXPECT_EQ(m["counts"]["bad_requests"], 4) << m.dump();
+  EXPECT_EQ(s.get("/healthz")["judge"], "judge-5");
+}
+
+// A GRPO group: the same completion several times is judged once; a hack is -1 with its reason;
+// the OpenRLHF contract answers from the same verdicts.
+TEST(Serve, JudgesABatchOnceAndAnswersRepeatsFromTheCache) {
+  Server s({});
+  json honest = solution("linear_relu", eval_fx() / "solutions" / "linear_relu.py");
+  json hack = solution("linear_relu", eval_fx() / "hacks" / "returns_input.py");
+  auto [st, b] = s.post("/v1/evaluate_batch", {{"requests", {honest, hack, honest, {{"task_id", 1}}}}});
+  ASSERT_EQ(st, 200) << s.log();
+  auto& res = b["results"];
+  ASSERT_EQ(res.size(), 4u);
+  EXPECT_GE(res[0]["reward"].get<int>(), 1) << res[0].dump();
+  EXPECT_FALSE(res[0]["retryable"].get<bool>());
+  EXPECT_EQ(res[1]["reward"], -1);
+  EXPECT_EQ(res[1]["reason"], "aliases_input");
+  EXPECT_EQ(res[2]["reward"], res[0]["reward"]);
+  EXPECT_EQ(res[3]["status"], 400);
+  auto [st2, again] = s.post("/v1/evaluate", honest);
+  EXPECT_EQ(st2, 200);
+  EXPECT_TRUE(again.value("cached", false));
+  std::string prompt = "Write ModelNew for linear_relu.\n";
+  json q = {{"query", {prompt + "Here it is:\n```python\n" + honest["solution_code"].get<std::string>() + "```\n"}},
+            {"prompts", {prompt}}, {"labels", {"linear_relu"}}};
+  auto [st3, o] = s.post("/openrlhf", q);
+  ASSERT_EQ(st3, 200) << o.dump();
+  EXPECT_EQ(o["rewards"][0], res[0]["reward"]);
+  EXPECT_DOUBLE_EQ(o["scores"][0].get<double>(), (res[0]["reward"].get<double>() + 1) / 4);
+  json m = s.get("/metrics");
+  EXPECT_EQ(m["counts"]["evaluated"], 2) << m.dump();  // honest and hack; the rest were repeats
+  EXPECT_GE(m["counts"]["cache_hits"].get<int>() + m["counts"].value("joined_in_flight", 0), 3);
+}
+
+// A solution that hangs is answered `timeout` within its limit; while it runs, a full queue
+// answers 429 with Retry-After instead of waiting.
+TEST(Serve, AHangIsATimeoutAndAFullQueueIs429) {
+  Server s({"--queue", "1", "--timeout-s", "8"});
+  auto t0 = std::chrono::steady_clock::now();
+  auto hang = std::async(std::launch::async, [&] {
+    return s.post("/v1/evaluate", solution("linear_relu", test::fixtures() / "serve" / "hang.py"));
+  });
+  json m = json::object();
+  for (int i = 0; i < 200 && m.value("in_flight", 0) + m.value("queue_depth", 0) == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    m = s.get("/metrics");
+  }
+  auto r = s.client().Post("/v1/evaluate", solution("softmax_sum", eval_fx() / "solutions" / "linear_relu.py").dump(),
+                           "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 429);
+  EXPECT_FALSE(r->get_header_value("Retry-After").empty());
+  auto [st, b] = hang.get();
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(st, 200);
+  EXPECT_EQ(b["reward"], -1) << b.dump();
+  EXPECT_EQ(b["reason"], "timeout");
+  EXPECT_LT(secs, 90) << "the hang was answered after " << secs << " s";
+}
