@@ -7,6 +7,22 @@
 
 namespace opforge::cli {
 
+void add_judge_limits(CLI::App* cmd, evaluator::EvalOptions& e, int max_trials) {
+  cmd->add_option("--trials", e.trials, "Timed runs per measurement (median), bounded by --budget-s")
+      ->check(CLI::Range(3, max_trials))
+      ->capture_default_str();
+  cmd->add_option("--budget-s", e.budget_s, "Time budget per measurement (at least 3 trials are taken)")
+      ->capture_default_str();
+  cmd->add_option("--correct-trials", e.correct_trials, "Fresh random input sets checked for correctness")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  cmd->add_option("--compile-timeout-s", e.compile_timeout_s, "Limit of one solution's build")->capture_default_str();
+  cmd->add_option("--timeout-s", e.timeout_s,
+                  "Limit of one request to a solution's child (checks, timing, baselines): past it the solution gets "
+                  "-1 with reason timeout")
+      ->capture_default_str();
+}
+
 void add_eval(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand(
       "eval",
@@ -38,21 +54,11 @@ void add_eval(CLI::App& app, Runner& run) {
                   "no guard (KernelBench-style, for comparisons)")
       ->check(CLI::IsMember({"strict", "torch-allowed"}))
       ->capture_default_str();
-  cmd->add_option("--trials", o->e.trials, "Timed runs per measurement (median), bounded by --budget-s")
-      ->check(CLI::Range(3, 100000))
-      ->capture_default_str();
-  cmd->add_option("--budget-s", o->e.budget_s, "Time budget per measurement (at least 3 trials are taken)")
-      ->capture_default_str();
-  cmd->add_option("--correct-trials", o->e.correct_trials, "Fresh random input sets checked for correctness")
-      ->check(CLI::Range(1, 1000))
-      ->capture_default_str();
+  add_judge_limits(cmd, o->e, 100000);
   cmd->add_option("--speedup-margin", o->e.speedup_margin, "Faster means a speed-up above 1 + margin")
       ->capture_default_str();
   cmd->add_option("--atol", o->e.atol, "Absolute tolerance of every output element")->capture_default_str();
   cmd->add_option("--rtol", o->e.rtol, "Relative tolerance of every output element")->capture_default_str();
-  cmd->add_option("--compile-timeout-s", o->e.compile_timeout_s, "Limit of one solution's build")->capture_default_str();
-  cmd->add_option("--timeout-s", o->e.timeout_s, "Limit of one solution's checks and timing (baselines included)")
-      ->capture_default_str();
   cmd->add_option("--compile-workers", o->e.compile_workers, "Parallel builds (default: one per core)");
   cmd->add_option("-j,--workers", o->e.workers, "Evaluation workers (default: one per GPU, 1 on the CPU)");
   cmd->add_option("--memory-limit-mb", o->e.memory_limit_mb, "Resident memory limit per worker (default: 60% of RAM "

@@ -13,17 +13,7 @@ namespace opforge::cli {
 namespace {
 
 void add_limits(CLI::App* cmd, evaluator::ServeOptions& o) {
-  cmd->add_option("--trials", o.eval.trials, "Timed runs per measurement, unless a request says (3-1000)")
-      ->check(CLI::Range(3, 1000))
-      ->capture_default_str();
-  cmd->add_option("--budget-s", o.eval.budget_s, "Time budget per measurement")->capture_default_str();
-  cmd->add_option("--correct-trials", o.eval.correct_trials, "Fresh input sets checked for correctness")
-      ->check(CLI::Range(1, 1000))
-      ->capture_default_str();
-  cmd->add_option("--timeout-s", o.eval.timeout_s,
-                  "Limit of one request to a solution's child: past it the solution gets -1 with reason timeout")
-      ->capture_default_str();
-  cmd->add_option("--compile-timeout-s", o.eval.compile_timeout_s, "Limit of one solution's build")->capture_default_str();
+  add_judge_limits(cmd, o.eval, 1000);  // a request's own "trials" is bounded the same (3-1000)
   cmd->add_option("-j,--workers", o.eval.workers, "Judge workers (default: one per GPU, 1 on the CPU)");
   cmd->add_option("--compile-workers", o.eval.compile_workers, "Build workers (default: half the cores)");
   cmd->add_option("--queue", o.queue_max, "Evaluations queued or running before requests get 429")->capture_default_str();

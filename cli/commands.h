@@ -3,6 +3,8 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include "evaluator.h"
+
 #include <cstddef>
 #include <functional>
 #include <string>
@@ -28,6 +30,9 @@ void add_realism(CLI::App& app, Runner& run);
 void add_model_stats(CLI::App& app, Runner& run);
 
 // Shared option helpers.
+// The judge's limits that eval and serve both take: --trials (3..max_trials), --budget-s,
+// --correct-trials, --compile-timeout-s, --timeout-s.
+void add_judge_limits(CLI::App* cmd, evaluator::EvalOptions& e, int max_trials);
 void add_workspace_option(CLI::App& cmd, std::string& workspace);
 int default_workers();
 // A resident-memory budget per worker that leaves room for the rest of the machine.

@@ -5,6 +5,7 @@
 #include "service.h"
 
 #include <httplib.h>
+#include <openssl/evp.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 
@@ -42,7 +43,7 @@ struct Submission {
   std::map<std::string, std::string> files;   // relative path -> content
   bool folder = false;                        // "files" (CUDA Agent layout) rather than "solution_code"
   int trials = 0;
-  std::string hash;                           // of the files
+  std::string hash;                           // SHA-256 of the files (sha256_hex)
   std::string key;                            // the result cache's: task, hash, judge, policy, trials
 };
 
@@ -70,6 +71,28 @@ bool safe_path(const std::string& p) {
   return true;
 }
 
+// The result cache's key of a submission's files. SHA-256, not xxh3: a solution that shares a
+// cache key with an honest one gets the honest one's verdict, and xxh3 is no defence against
+// collisions crafted on purpose (2^32 work for a 64-bit birthday pair).
+std::string sha256_hex(const std::string& data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int n = 0;
+  OPFORGE_CHECK(EVP_Digest(data.data(), data.size(), md, &n, EVP_sha256(), nullptr) == 1, "SHA-256 failed");
+  std::string hex;
+  for (unsigned int i = 0; i < n; ++i) hex += fmt::format("{:02x}", md[i]);
+  return hex;
+}
+
+// A path that is also the folder of another ("a" and "a/b") cannot be written: refused up front,
+// since a failure while writing the batch would fail its other solutions too.
+std::optional<std::string> path_clash(const json& files) {
+  for (auto& [path, _] : files.items()) {
+    for (fs::path p = fs::path(path).parent_path(); !p.empty(); p = p.parent_path())
+      if (files.contains(p.string())) return "\"" + p.string() + "\" is a file and the folder of \"" + path + "\"";
+  }
+  return std::nullopt;
+}
+
 std::optional<std::string> files_error(const json& files, std::size_t cap, std::size_t& total) {
   if (!files.is_object() || files.empty()) return "must be an object of relative path -> UTF-8 text";
   if (files.size() > 256) return "at most 256 files";
@@ -79,6 +102,7 @@ std::optional<std::string> files_error(const json& files, std::size_t cap, std::
     total += text.get_ref<const std::string&>().size();
   }
   if (!files.contains("model_new.py")) return "the CUDA Agent layout needs model_new.py";
+  if (auto clash = path_clash(files)) return clash;
   if (total > cap) return fmt::format("{} bytes in all, more than the {} allowed", total, cap);
   return std::nullopt;
 }
@@ -121,7 +145,7 @@ Parsed parse_submission(const json& r, const TaskIndex& ti, const ServeOptions& 
   }
   std::string all;
   for (auto& [p, t] : s.files) all += p + '\0' + t + '\0';
-  s.hash = xxh3_hex(all);
+  s.hash = sha256_hex(all);
   s.key = fmt::format("{}|{}|{}|{}|{}|{}", ti.tasks[s.task].id, s.hash, kJudgeVersion, o.eval.policy, s.trials, s.folder);
   Parsed p;
   p.sub = std::move(s);

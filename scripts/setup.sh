@@ -11,7 +11,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 
 PKGS=(build-essential cmake ninja-build ccache pkg-config python3-dev python3-venv
       libsqlite3-dev libxxhash-dev libcurl4-openssl-dev nlohmann-json3-dev libgtest-dev
-      libcli11-dev libspdlog-dev libfmt-dev libcpp-httplib-dev libfaiss-dev zlib1g-dev
+      libcli11-dev libspdlog-dev libfmt-dev libcpp-httplib-dev libssl-dev libfaiss-dev zlib1g-dev
       # opforge eval runs every solution in its own bubblewrap sandbox (evaluator/README.md).
       bubblewrap
       # faiss's exact search is BLAS matrix products: without OpenBLAS, Debian's libblas3 is the

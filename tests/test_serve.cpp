@@ -94,6 +94,11 @@ TEST(Serve, BadRequestsAre400AndAnUnknownTaskIsRetryable) {
   json m = s.get("/metrics");
   EXPECT_EQ(m["counts"]["bad_requests"], 4) << m.dump();
   EXPECT_EQ(s.get("/healthz")["judge"], "judge-5");
+  // A file that is also another's folder cannot be written: refused, not a failure of the batch.
+  auto [st5, b5] = s.post("/v1/evaluate", {{"task_id", "linear_relu"},
+                                           {"files", {{"model_new.py", "x"}, {"kernels", "y"}, {"kernels/a.cu", "z"}}}});
+  EXPECT_EQ(st5, 400);
+  EXPECT_EQ(b5["field"], "files");
 }
 
 // A GRPO group: the same completion several times is judged once; a hack is -1 with its reason;

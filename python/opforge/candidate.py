@@ -413,6 +413,12 @@ def _on_gpu(e):
     return getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA
 
 
+def _is_kernel(e):
+    """A GPU event that ran on the device: not the GPU-side copy of a record_function range (the
+    batch's mark, or a solution's own, which would otherwise count its kernels twice)."""
+    return _on_gpu(e) and not getattr(e, "is_user_annotation", False)
+
+
 def _is_launch(name):
     return name.startswith("cu") and "Launch" in name  # cudaLaunchKernel, cuLaunchKernelEx, ...
 
@@ -441,8 +447,7 @@ def _timeline(events):
     sum to the batch's wall. Evidence of the judge's overhead, and `first_host_ops` what the host
     did first in the last batch (name, start and duration, ms)."""
     ranges = [e.time_range for e in events if e.name == BATCH_RANGE and not _on_gpu(e)]
-    # The range's own GPU-side annotation spans its kernels: not a kernel.
-    gpu = sorted((e.time_range.start, e.time_range.end) for e in events if _on_gpu(e) and e.name != BATCH_RANGE)
+    gpu = sorted((e.time_range.start, e.time_range.end) for e in events if _is_kernel(e))
     launches = sorted(e.time_range.start for e in events if not _on_gpu(e) and _is_launch(e.name))
     parts = [p for p in (_batch_parts(r, gpu, launches) for r in ranges) if p]
     if not parts:
@@ -472,7 +477,7 @@ def op_profile(st, msg, fds):
     n = max(1, int(msg.get("calls", 1)))
     by_kind, names = {}, {}
     for e in prof.events():
-        if not _on_gpu(e) or e.name == BATCH_RANGE:
+        if not _is_kernel(e):
             continue
         kind = _kernel_kind(e.name)
         by_kind[kind] = by_kind.get(kind, 0.0) + e.device_time / n / 1e3

@@ -305,11 +305,26 @@ def _build(launch, log, key, cache_dir, timeout_s, what, entries=(), **request):
     # One build per key at a time: solutions that share a source (a rollout's copies) wait for
     # the first build instead of each building it (64 files of 8 sources built 64 times).
     with open(os.path.join(cache_dir, "extensions", f".lock-{key}"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        _lock_within(lock, timeout_s, what)
         if os.path.exists(os.path.join(final, "manifest.json")):
             with open(os.path.join(final, "manifest.json")) as f:
                 return json.load(f), True
         return _build_now(launch, log, key, final, cache_dir, timeout_s, what, entries, request), False
+
+
+def _lock_within(lock, timeout_s, what):
+    """The build lock, waited for at most one build's limit: a source whose build hangs holds it
+    that long, and its copies waiting behind it get the same verdict rather than a build each (or
+    the judge worker's own time limit, an environment failure)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise Verdict("timeout", f"{what}: a build of the same sources ran past {timeout_s:.0f} s") from None
+            time.sleep(0.1)
 
 
 def _build_now(launch, log, key, final, cache_dir, timeout_s, what, entries, request):
@@ -946,7 +961,13 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
         except Verdict as v:
             result["reason"], result["detail"] = v.reason, str(v)
         except torch.cuda.OutOfMemoryError as e:
-            result["reason"], result["detail"] = "judge_out_of_memory", str(e)[:2000]
+            # Once the solution's child is loaded it may hold the device's memory on purpose: the
+            # judge's own allocation failing then is the solution's verdict, not the environment's
+            # (which `opforge serve` answers retryable, an escape from -1: fixture memory_hog).
+            loaded = result["compiled"]
+            result["reason"] = "out_of_memory" if loaded else "judge_out_of_memory"
+            result["detail"] = ("the judge's own allocation failed while the solution's child held the device: "
+                                if loaded else "") + str(e)[:2000]
         finally:
             if sess is not None:
                 sess.close()

@@ -70,6 +70,9 @@ def max_error(outs, refs):
     for o, r in zip(outs, refs):
         if o.numel() == 0:
             continue
-        d = (o - r).abs().max().item() if o.is_complex() else (o.double() - r.double()).abs().max().item()
+        # In the outputs' own precision where it holds the difference (no float64 copies of a GiB
+        # output on the judge's read-back path); half precisions and integers widened first.
+        wide = o.is_complex() or o.dtype in (torch.float32, torch.float64)
+        d = (o - r).abs().max().item() if wide else (o.double() - r.double()).abs().max().item()
         err = max(err, d if d == d else float("inf"))
     return err
