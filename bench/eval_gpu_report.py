@@ -64,7 +64,8 @@ def overhead(run, r):
           f"({'PASS' if abs(ratio - 1) <= 0.05 else 'FAIL'} against 5%)")
     parts = prof.get("batch_ms") or {}
     print(f"    per batch of {cand.get('batch')}: request {f3(cand.get('request_ms'))} ms, answer "
-          f"{f3(cand.get('answer_ms'))}, floor {f3(cand.get('floor_ms'))}, in-child {f3(cand.get('child_median_ms'))}"
+          f"{f3(cand.get('answer_ms'))}, floor {f3(cand.get('floor_ms'))}, fixed {f3(cand.get('fixed_ms'))} (intercept "
+          f"{f3(cand.get('intercept_ms'))}, small batch {cand.get('small_batch')}), in-child {f3(cand.get('child_median_ms'))}"
           f"/call; profiled: " + ", ".join(f"{k} {f3(parts.get(k))}" for k in ("wall", "lead", "launch", "busy", "gaps", "tail")))
 
 

@@ -6,6 +6,7 @@
 #     eval        bench/eval_gpu.sh on GPU 0, then the eval GPU tests (ctest -L gpu)
 #     throughput  bench/filter_throughput.sh over TP_N (default 20) fresh candidates at 8/4/2/1 workers on GPU 0
 #                 (most telling row first, in case the call is cut)
+#     serve       opforge serve judging the eval bench's solutions over HTTP (bench/serve_gpu.py)
 #     checks      eval + throughput
 #     dedupscale  build-gpu/bench/opforge_bench_dedup 100000 10000 1024 --no-exact: dedup's search at the
 #                 issue's scale on that machine's cores (no GPU used; 87 s on the 2-core CPU machine)
@@ -47,10 +48,15 @@ for step in "${steps[@]}"; do
 case $step in
   build)
     stamp build
-    if ! { cmake -S . -B build-gpu -G Ninja -DOPFORGE_PYTHON=$P -DOPFORGE_BUILD_TESTS=${BUILD_TESTS:-ON} -DOPFORGE_GPU_TESTS_ONLY=ON -DOPFORGE_SERVE=OFF -Wno-dev && cmake --build build-gpu -j"$(nproc)"; } \
-        > /tmp/build.log 2>&1; then
+    # serve needs cpp-httplib's brotli and OpenSSL's headers (pack-debs.sh libbrotli-dev libbrotli1
+    # libssl-dev): when they are not carried its configure fails and the rest is built without it.
+    conf() { cmake -S . -B build-gpu -G Ninja -DOPFORGE_PYTHON=$P -DOPFORGE_BUILD_TESTS=${BUILD_TESTS:-ON} \
+               -DOPFORGE_GPU_TESTS_ONLY=ON -DOPFORGE_SERVE="$1" -Wno-dev; }
+    { conf ON || { echo "== serve off: its configure failed"; rm -rf build-gpu; conf OFF; }; } > /tmp/build.log 2>&1
+    if ! cmake --build build-gpu -j"$(nproc)" >> /tmp/build.log 2>&1; then
       tail -60 /tmp/build.log > "$OUT/build_failed.log"; tail -20 /tmp/build.log; exit 1
     fi
+    grep "== serve off" /tmp/build.log
     tail -1 /tmp/build.log
     ;;
   eval)
@@ -71,6 +77,28 @@ case $step in
       (cd build-gpu && timeout "${CTEST_TIMEOUT:-330}" ctest -L gpu --output-on-failure) > "$OUT/ctest_gpu.txt" 2>&1
       tail -4 "$OUT/ctest_gpu.txt"
     fi
+    ;;
+  serve)
+    # The eval bench's solutions through opforge serve (bench/serve_gpu.py), beside the `all` run's
+    # rewards when that ran first (its cache, baselines and builds, is shared).
+    stamp "opforge serve on GPU 0"
+    rm -rf /tmp/svt && mkdir -p /tmp/svt && cp tests/fixtures/eval_gpu/tasks/*.py /tmp/svt/
+    [ -d "${KB:-.kb}/tasks" ] && cp "${KB:-.kb}"/tasks/*.py /tmp/svt/
+    CUDA_VISIBLE_DEVICES=0 $B serve --tasks /tmp/svt --device cuda --port 0 --cache-dir /tmp/evg/cache \
+      > /tmp/serve.out 2> /tmp/serve.log &
+    spid=$!
+    for _ in $(seq 240); do grep -q "listening on" /tmp/serve.out 2> /dev/null && break; sleep 0.5; done
+    url=$(grep -o 'http://[^ ]*' /tmp/serve.out | head -1)
+    if [ -n "$url" ]; then
+      timeout "${SERVE_TIMEOUT:-400}" $P bench/serve_gpu.py "$url" tests/fixtures/eval_gpu --kb "${KB:-.kb}" \
+        --eval-report /tmp/evg/all/report.json > "$OUT/serve.txt" 2>&1
+      echo "serve bench rc $?" >> "$OUT/serve.txt"
+    else
+      echo "serve did not start" > "$OUT/serve.txt"
+    fi
+    kill "$spid"; wait "$spid"
+    tail -40 /tmp/serve.log > "$OUT/serve_log_tail.txt"
+    cat "$OUT/serve.txt"
     ;;
   throughput)
     # TP_CPUS (e.g. 0-15) pins the bench to part of a bigger machine, to stand for a one-GPU one.
