@@ -35,6 +35,7 @@ import time
 
 import torch
 
+from opforge import devshm
 from opforge import extensions as X
 from opforge import shm
 from opforge import task as T
@@ -975,10 +976,13 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
             result["correct"] = True
         except Verdict as v:
             result["reason"], result["detail"] = v.reason, str(v)
-        except torch.cuda.OutOfMemoryError as e:
+        except (torch.cuda.OutOfMemoryError, devshm.CudaDriverError) as e:
             # Once the solution's child is loaded it may hold the device's memory on purpose: the
-            # judge's own allocation failing then is the solution's verdict, not the environment's
-            # (which `opforge serve` answers retryable, an escape from -1: fixture memory_hog).
+            # judge's own allocation failing then (torch's, or the driver's for a shared arena) is
+            # the solution's verdict, not the environment's (which `opforge serve` answers
+            # retryable, an escape from -1: fixture memory_hog).
+            if isinstance(e, devshm.CudaDriverError) and e.code != devshm.CUDA_ERROR_OUT_OF_MEMORY:
+                raise
             loaded = result["compiled"]
             result["reason"] = "out_of_memory" if loaded else "judge_out_of_memory"
             result["detail"] = ("the judge's own allocation failed while the solution's child held the device: "
