@@ -95,6 +95,7 @@ json make_row(const json& r, double margin) {
           {"compile_seconds", r.value("compile_seconds", json(nullptr))},
           {"dispatch_s", r.value("dispatch_s", json(nullptr))},
           {"dispatch_parts", r.value("dispatch_parts", json(nullptr))},
+          {"phase_s", r.value("phase_s", json(nullptr))},  // checks, timing, profile: where an evaluation's time goes
           {"profile", r.value("profile", json(nullptr))},
           {"cold_start_s", r.value("cold_start_s", json(nullptr))},
           {"judge", kJudgeVersion},

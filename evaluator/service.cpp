@@ -117,6 +117,28 @@ struct TaskIndex {
   }
 };
 
+// The solution of a request, one of: `solution_code` (one file), `files` (the CUDA Agent layout),
+// or `response` (a model's whole answer, whose last fenced code block is the file: the one
+// extractor of every adapter, as /openrlhf uses it).
+std::optional<Parsed> parse_solution(const json& r, const ServeOptions& o, Submission& s) {
+  if (r.contains("solution_code") + r.contains("files") + r.contains("response") != 1)
+    return bad(400, "solution_code", "give one of solution_code, files or response");
+  if (r.contains("files")) {
+    std::size_t total = 0;
+    if (auto e = files_error(r["files"], o.max_files_bytes, total)) return bad(400, "files", *e);
+    for (auto& [path, text] : r["files"].items()) s.files[path] = text.get<std::string>();
+    s.folder = true;
+    return std::nullopt;
+  }
+  const char* field = r.contains("response") ? "response" : "solution_code";
+  if (!r[field].is_string()) return bad(400, field, fmt::format("{} must be a string", field));
+  const std::string& text = r[field].get_ref<const std::string&>();
+  if (text.size() > o.max_files_bytes)
+    return bad(400, field, fmt::format("more than the {} bytes allowed", o.max_files_bytes));
+  s.files["solution.py"] = r.contains("response") ? last_code_block(text) : text;
+  return std::nullopt;
+}
+
 Parsed parse_submission(const json& r, const TaskIndex& ti, const ServeOptions& o) {
   if (!r.is_object()) return bad(400, "", "a request must be a JSON object");
   if (!r.contains("task_id") || !r["task_id"].is_string()) return bad(400, "task_id", "task_id must be a string");
@@ -125,18 +147,7 @@ Parsed parse_submission(const json& r, const TaskIndex& ti, const ServeOptions& 
   if (r.contains("task_code")) return bad(400, "task_code", "a client's task_code is not accepted by this service");
   Submission s;
   s.task = *task;
-  std::size_t total = 0;
-  if (r.contains("solution_code") == r.contains("files")) return bad(400, "solution_code", "give solution_code or files, one of them");
-  if (r.contains("files")) {
-    if (auto e = files_error(r["files"], o.max_files_bytes, total)) return bad(400, "files", *e);
-    for (auto& [path, text] : r["files"].items()) s.files[path] = text.get<std::string>();
-    s.folder = true;
-  } else {
-    if (!r["solution_code"].is_string()) return bad(400, "solution_code", "solution_code must be a string");
-    if (r["solution_code"].get_ref<const std::string&>().size() > o.max_files_bytes)
-      return bad(400, "solution_code", fmt::format("more than the {} bytes allowed", o.max_files_bytes));
-    s.files["solution.py"] = r["solution_code"].get<std::string>();
-  }
+  if (auto err = parse_solution(r, o, s)) return *err;
   s.trials = o.eval.trials;
   if (r.contains("trials")) {
     if (!r["trials"].is_number_integer() || r["trials"].get<long>() < 3 || r["trials"].get<long>() > 1000)

@@ -59,6 +59,7 @@ class Server {
     return r ? json::parse(r->body, nullptr, false) : json();
   }
   std::string log() const { return test::read_file(dir_ / "err"); }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
 
  private:
   test::TempDir dir_;
@@ -130,6 +131,13 @@ TEST(Serve, JudgesABatchOnceAndAnswersRepeatsFromTheCache) {
   json m = s.get("/metrics");
   EXPECT_EQ(m["counts"]["evaluated"], 2) << m.dump();  // honest and hack; the rest were repeats
   EXPECT_GE(m["counts"]["cache_hits"].get<int>() + m["counts"].value("joined_in_flight", 0), 3);
+  // The RL adapters (python/opforge_rl) on the same verdicts: only their response without code is new.
+  auto [rc, out] = test::shell(test::python_bin().string() + " " +
+                               (test::fixtures().parent_path() / "python" / "serve_adapters_check.py").string() + " " +
+                               s.url() + " linear_relu " + (eval_fx() / "solutions" / "linear_relu.py").string() + " " +
+                               (eval_fx() / "hacks" / "returns_input.py").string() + " 2>&1");
+  EXPECT_EQ(rc, 0) << out << s.log();
+  EXPECT_EQ(s.get("/metrics")["counts"]["evaluated"], 3);
 }
 
 // A solution that hangs is answered `timeout` within its limit; while it runs, a full queue

@@ -122,6 +122,7 @@ void write_file(const std::filesystem::path& p, const std::string& text) {
 std::filesystem::path fixtures() { return OPFORGE_FIXTURES; }
 std::filesystem::path opforge_bin() { return OPFORGE_BIN; }
 std::filesystem::path eval_cache_dir() { return OPFORGE_TEST_EVAL_CACHE; }
+std::filesystem::path python_bin() { return OPFORGE_TEST_PYTHON; }
 
 const std::map<std::string, nlohmann::json>& dedup_fixture_ops() {
   using nlohmann::json;

@@ -50,6 +50,8 @@ std::filesystem::path fixtures();
 // build/opforge, and the cache of built extensions the evaluator tests share (in the build tree).
 std::filesystem::path opforge_bin();
 std::filesystem::path eval_cache_dir();
+// The venv's interpreter (OPFORGE_PYTHON), for tests that drive a Python client of opforge.
+std::filesystem::path python_bin();
 // What tracing would record for each task of fixtures/dedup/tasks (tracing.py spelling), by stem.
 const std::map<std::string, nlohmann::json>& dedup_fixture_ops();
 

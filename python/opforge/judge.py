@@ -969,10 +969,14 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
             with timing.shared(timing.check_lock(timing_lock, device)):
                 result["max_error"] = _check_all(sess, ref, sets[:correct_trials], policy == "strict", atol, rtol,
                                                  result["flags"])
+            phase = result["phase_s"] = {"checks": time.perf_counter() - t1 - result["dispatch_s"]}
             timer = _Timer(sess, ref, draw, atol, rtol, strict=policy == "strict", floor_ms=floor)
+            t2 = time.perf_counter()
             result["candidate"] = timer.run(trials, budget_s, timing_lock)
+            phase["timing"] = time.perf_counter() - t2
             if device.startswith("cuda"):
                 _profile(sess, timer, result, policy == "strict", timing_lock)
+                phase["profile"] = time.perf_counter() - t2 - phase["timing"]
             result["correct"] = True
         except Verdict as v:
             result["reason"], result["detail"] = v.reason, str(v)
