@@ -131,7 +131,19 @@ TEST(Serve, JudgesABatchOnceAndAnswersRepeatsFromTheCache) {
   json m = s.get("/metrics");
   EXPECT_EQ(m["counts"]["evaluated"], 2) << m.dump();  // honest and hack; the rest were repeats
   EXPECT_GE(m["counts"]["cache_hits"].get<int>() + m["counts"].value("joined_in_flight", 0), 3);
-  // The RL adapters (python/opforge_rl) on the same verdicts: only their response without code is new.
+  // TRL's GRPOTrainer, two steps of a tiny random policy rewarded through opforge_rl.trl: its
+  // completions hold no code, so the empty solution is judged once (no_model_new) and then cached.
+  test::TempDir grpo;
+  auto [grc, gout] = test::shell(test::python_bin().string() + " " +
+                                 (test::fixtures().parent_path() / "python" / "grpo_two_steps.py").string() + " " +
+                                 s.url() + " linear_relu " + grpo.path().string() + " 2>&1");
+  ASSERT_EQ(grc, 0) << gout << s.log();
+  EXPECT_NE(gout.find("{\"steps\": 2, \"rewards\": [-1.0, -1.0]}"), std::string::npos) << gout;
+  json gm = s.get("/metrics");
+  EXPECT_EQ(gm["counts"]["evaluated"], 3) << gm.dump();
+  EXPECT_EQ(gm["reasons"].value("no_model_new", 0), 1) << gm.dump();
+  EXPECT_GE(gm["counts"].value("requests_batch", 0), 2) << gm.dump();
+  // The RL adapters (python/opforge_rl) on the same verdicts: all of them answered from the cache.
   auto [rc, out] = test::shell(test::python_bin().string() + " " +
                                (test::fixtures().parent_path() / "python" / "serve_adapters_check.py").string() + " " +
                                s.url() + " linear_relu " + (eval_fx() / "solutions" / "linear_relu.py").string() + " " +
