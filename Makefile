@@ -14,7 +14,7 @@ run: setup
 	  echo "opforge: shards, manifest.json, dataset card README.md and stats/ are in $$out"
 
 test: setup
-	cd build && ctest --output-on-failure -L cpu --timeout 1200
+	cd build && ctest --output-on-failure -L cpu --timeout 1200 -j$$(nproc)
 
 clean:
 	rm -rf build
