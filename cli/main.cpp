@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   opforge::cli::add_status(app, run);
   opforge::cli::add_eval(app, run);
   opforge::cli::add_serve(app, run);
+  opforge::cli::add_env(app, run);
   opforge::cli::add_realism(app, run);
   opforge::cli::add_model_stats(app, run);
   opforge::cli::add_worker(app, run);

@@ -170,3 +170,36 @@ TEST(Serve, UnderLoadNoRequestIsLostAndHangsTimeOut) {
   EXPECT_EQ(m["reasons"].value("timeout", 0), 2) << m.dump();
   EXPECT_GT(m["counts"].value("rejected_queue_full", 0), 0) << m.dump();
 }
+
+// The agent's working folder (opforge env export): its utils/ scripts ask this service about the
+// folder's files and print what the agent acts on; CUDA Agent's released layout, CPU build.
+TEST(Serve, AnExportedWorkingFolderIsJudgedThroughItsUtilsScripts) {
+  Server s({});
+  test::TempDir d;
+  auto r = test::run_opforge({"env", "export", "--tasks", (eval_fx() / "tasks").string(), "--out", d.path().string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  fs::path w = d / "linear_relu", sol = eval_fx() / "agent_released" / "linear_relu";
+  fs::copy_file(sol / "model_new.py", w / "model_new.py", fs::copy_options::overwrite_existing);
+  fs::copy(sol / "kernels", w / "kernels", fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  auto in_folder = [&](const std::string& cmd, bool with_url = true) {
+    return test::shell("cd " + w.string() + " && " + (with_url ? "OPFORGE_SERVE_URL=" + s.url() + " " : "") +
+                       "PATH=" + test::python_bin().parent_path().string() + ":$PATH " + cmd + " 2>&1");
+  };
+  auto [vrc, verified] = in_folder("python3 utils/verification.py");
+  EXPECT_EQ(vrc, 0) << verified << s.log();
+  EXPECT_NE(verified.find("compiled: yes\ncorrect: yes (max error"), std::string::npos) << verified;
+  auto [prc, profiled] = in_folder("python3 utils/profiling.py");
+  EXPECT_EQ(prc, 0) << profiled;
+  EXPECT_NE(profiled.find("ModelNew "), std::string::npos) << profiled;
+  EXPECT_NE(profiled.find("reward 1 "), std::string::npos) << profiled;  // naive loops: correct, not faster
+  test::write_file(w / "kernels" / "broken_binding.cpp", "int broken( { return 0; }\n");
+  auto [crc, compiled] = in_folder("bash utils/compile.sh");
+  EXPECT_EQ(crc, 1) << compiled;
+  EXPECT_NE(compiled.find("compiled: no"), std::string::npos) << compiled;
+  EXPECT_NE(compiled.find("broken_binding.cpp"), std::string::npos) << "the compiler's error names the file: " << compiled;
+  auto [nrc, no_url] = in_folder("python3 utils/verification.py", false);
+  EXPECT_NE(nrc, 0);
+  EXPECT_NE(no_url.find("OPFORGE_SERVE_URL is not set"), std::string::npos) << no_url;
+  json m = s.get("/metrics");
+  EXPECT_EQ(m["counts"]["evaluated"], 2) << m.dump();  // the profile was the verification's verdict, cached
+}
