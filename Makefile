@@ -3,7 +3,7 @@ SHELL := /bin/bash
 WORKSPACE ?= workspace
 OPFORGE := ./build/opforge
 
-.PHONY: setup run test clean
+.PHONY: setup run test test-ecosystem clean
 setup:
 	@scripts/setup.sh
 
@@ -15,6 +15,11 @@ run: setup
 
 test: setup
 	cd build && ctest --output-on-failure -L cpu --timeout 1200 -j$$(nproc)
+
+# The RL frameworks' own code calling opforge's reward, each with its own pinned packages (not
+# part of make test).
+test-ecosystem: setup
+	bash scripts/test_ecosystem.sh
 
 clean:
 	rm -rf build

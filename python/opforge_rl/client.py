@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+FIRST_CONTACT_S = 30.0  # how long a client that never reached the service keeps trying
 
 
 class EnvironmentFailure(RuntimeError):
@@ -34,6 +35,7 @@ class Client:
         self.url = (url or os.environ.get("OPFORGE_SERVE_URL") or DEFAULT_URL).rstrip("/")
         self.token = os.environ.get(token_env) if token_env else None
         self.timeout_s, self.retry_s, self.backoff_s = timeout_s, retry_s, backoff_s
+        self.reached = False  # whether the service ever answered this client
 
     def _once(self, path, body):
         """(status, reply, seconds to wait before asking again or None)."""
@@ -56,13 +58,18 @@ class Client:
 
     def post(self, path, body):
         """The reply to a POST, asking again while the service says to wait (429, 503, not
-        reachable) for up to retry_s. Raises BadRequest on 400/401, EnvironmentFailure after
-        that."""
-        deadline = time.monotonic() + self.retry_s
+        reachable) for up to retry_s (FIRST_CONTACT_S while it was never reached). Raises
+        BadRequest on 400/401, EnvironmentFailure after that."""
+        start = time.monotonic()
         while True:
             status, reply, wait = self._once(path, body)
+            self.reached = self.reached or status != 0
             if status == 200:
                 return reply
+            # A service never reached is more likely a wrong address than a restart: ask for less long.
+            deadline = start + (self.retry_s if self.reached else min(self.retry_s, FIRST_CONTACT_S))
+            if status == 0 and not self.reached and time.monotonic() + wait > deadline:
+                raise EnvironmentFailure(f"{reply['error']} (set OPFORGE_SERVE_URL to where `opforge serve` listens)")
             if status in (400, 401, 413):
                 raise BadRequest(f"opforge serve refused {path} ({status}): field {reply.get('field')!r}: "
                                  f"{reply.get('error')}")
