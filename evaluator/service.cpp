@@ -6,7 +6,9 @@
 
 #include <httplib.h>
 #include <openssl/evp.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -564,6 +566,27 @@ void on_openrlhf(const httplib::Request& req, httplib::Response& res, Engine& e,
   reply(res, 200, {{"rewards", rewards}, {"scores", scores}, {"extra_logs", {{"reason", reasons}}}});
 }
 
+// cpp-httplib 0.11 (Debian's, a compiled library) listens with a backlog of 5: a burst of clients
+// (a GRPO group's completions at once) on a busy host overflows it, and with SYN cookies the
+// overflow is answered by connection resets (seen in CI's load test). Its socket is private, so
+// the listening socket bound to `port` is found among the process's descriptors and given the
+// system's backlog; listen() on a listening socket only changes that.
+void widen_backlog(int port) {
+  for (int fd = 0; fd < 1024; ++fd) {
+    sockaddr_storage a{};
+    socklen_t n = sizeof a;
+    int listening = 0;
+    socklen_t ln = sizeof listening;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) != 0 ||
+        getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &ln) != 0 || !listening)
+      continue;
+    int p = a.ss_family == AF_INET    ? ntohs(reinterpret_cast<sockaddr_in*>(&a)->sin_port)
+            : a.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&a)->sin6_port)
+                                      : -1;
+    if (p == port && ::listen(fd, SOMAXCONN) != 0) spdlog::warn("could not widen the listen backlog of port {}", port);
+  }
+}
+
 void routes(httplib::Server& svr, Engine& e, const ServeOptions& o) {
   svr.set_pre_routing_handler([&o](const httplib::Request& req, httplib::Response& res) {
     if (o.token.empty() || req.path == "/healthz" || req.get_header_value("Authorization") == "Bearer " + o.token)
@@ -608,6 +631,7 @@ int serve(const ServeOptions& opts) {
   routes(svr, engine, o);
   int port = o.port == 0 ? svr.bind_to_any_port(o.host) : (svr.bind_to_port(o.host, o.port) ? o.port : -1);
   OPFORGE_CHECK(port > 0, "cannot listen on {}:{} (in use, or not an address of this machine)", o.host, o.port);
+  widen_backlog(port);
   std::atomic<bool> signaled{false};
   std::thread waiter([&] {
     int sig = 0;

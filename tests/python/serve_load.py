@@ -63,11 +63,21 @@ def send(url, kind, body):
     return call(url, "/v1/evaluate", body)
 
 
+RESETS = []  # connections reset before an answer (sent again, as any HTTP client would: nothing was judged)
+
+
 def until_judged(url, kind, body):
     """A request sent again after each 429 (its Retry-After, shortened to 1 s) until answered."""
     tries, t0 = 0, time.perf_counter()
     while True:
-        status, reply, headers, _ = send(url, kind, body)
+        try:
+            status, reply, headers, _ = send(url, kind, body)
+        except (ConnectionError, urllib.error.URLError) as e:
+            RESETS.append(str(e))
+            if len(RESETS) > 20:
+                raise
+            time.sleep(1.0)
+            continue
         tries += 1
         if status != 429:
             return status, reply, tries, time.perf_counter() - t0
@@ -119,7 +129,7 @@ def main(url, task, honest_path, hack_path, hang_path, timeout_s):
     with urllib.request.urlopen(url + "/metrics", timeout=60) as r:
         metrics = json.load(r)
     print(json.dumps({"requests": len(results), "answered": sum(s != 0 for s, _, _, _ in results),
-                      "sent_again_after_429": rejected, "seconds": round(time.perf_counter() - t0, 1),
+                      "sent_again_after_429": rejected, "connection_resets": len(RESETS), "seconds": round(time.perf_counter() - t0, 1),
                       "errors": errs, "metrics": metrics}))
     return 1 if errs else 0
 
