@@ -13,6 +13,7 @@
 #              hacks still -1 (isolation, not only the guard)
 #   repeat_N   the elementwise solution in 3 processes: spread of the candidate medians against 1%
 #   throughput 64 solution files (8 distinct extension sources x 8 copies) of elementwise_chain
+#              (TP_WORKERS=N: N judge workers sharing the GPU, the timing lock between them)
 # RUNS="all allowed repeat throughput" (the default) picks which; THROUGHPUT=0 drops the last.
 set -euo pipefail
 bin=${OPFORGE:-./build/opforge}
@@ -47,6 +48,10 @@ cp -r "$fx"/solutions/* "$tmp/all/sols/"
 cp "$fx"/tasks/*.py "$tmp/hk/tasks/"
 cp -r "$fx"/solutions/* "$tmp/hk/sols/"
 for e in "$fx"/released/*; do add_as "$e" "released__$(basename "$e")" "$fx/tasks/$(basename "$e").py" "$tmp/all"; done
+# Shaping: correct, slows its small batches on purpose; must not come out faster than its kernels
+for e in "$fx"/shaping/*.py; do
+  for d in all hk; do add_as "$e" "shaping__$(basename "$e" .py)" "$fx/tasks/$(basename "$e")" "$tmp/$d"; done
+done
 for h in "$fx"/hacks/*/; do
   h=${h%/}
   for e in "$h"/*; do
@@ -79,6 +84,6 @@ if want throughput; then
         "$fx/solutions/elementwise_chain.py" > "$tmp/tp/sols/tp_${i}_${j}.py"
     done
   done
-  run_eval throughput "$tmp/tp/tasks" "$tmp/tp/sols" --trials 30
+  run_eval throughput "$tmp/tp/tasks" "$tmp/tp/sols" --trials 30 ${TP_WORKERS:+--workers $TP_WORKERS}
 fi
 python3 bench/eval_gpu_report.py "$out" "$fx"

@@ -15,12 +15,17 @@
 #include "opforge/core/tasks.h"
 #include "opforge/core/worker_pool.h"
 #include "code_extract.h"
-#include "llm_client.h"
+#include "opforge/core/llm_client.h"
 #include "prompt.h"
 
 #include <random>
 
 namespace opforge::composer {
+
+using llm::LlmClient;
+using llm::LlmOptions;
+using llm::LlmRequest;
+using llm::LlmResponse;
 
 using nlohmann::json;
 

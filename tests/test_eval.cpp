@@ -76,6 +76,32 @@ TEST(Eval, FlagsCapACorrectSolutionsRewardAtOne) {
   EXPECT_EQ(row["reward"], 1);
 }
 
+// A candidate that makes its small batches slow raises its own intercept, and with it what is
+// taken off every large batch; the baselines' intercepts (trusted code, same harness) bound it.
+TEST(Eval, ACandidatesFixedCostIsBoundedByTheBaselines) {
+  json cand = {{"median_ms", 0.50}, {"min_ms", 0.48}, {"max_ms", 0.55}, {"fixed_ms", 1.20}, {"floor_ms", 0.22},
+               {"batch", 20}, {"small_batch", 5}};
+  json r = {{"task", "t"}, {"task_id", "i"}, {"solution", "s"}, {"layout", "file"}, {"correct", true},
+            {"candidate", cand}, {"eager", {{"median_ms", 0.56}, {"fixed_ms", 0.60}}},
+            {"compile", {{"median_ms", 0.56}, {"fixed_ms", 0.70}}}};
+  auto row = evaluator::make_row(r, 0.05);
+  // bound 0.70 + 0.25 = 0.95: 0.25 ms per batch of 20 given back, 0.0125 ms a call
+  EXPECT_NEAR(row["candidate_ms"].get<double>(), 0.5125, 1e-9);
+  EXPECT_NEAR(row["timing"]["candidate"]["fixed_ms"].get<double>(), 0.95, 1e-9);
+  EXPECT_NEAR(row["timing"]["candidate"]["fixed_own_ms"].get<double>(), 1.20, 1e-9);
+  EXPECT_NEAR(row["timing"]["candidate"]["min_ms"].get<double>(), 0.4925, 1e-9);
+  EXPECT_EQ(row["reward"], 3) << "0.56 / 0.5125 = 1.093: still faster than both";
+
+  r["candidate"]["fixed_ms"] = 0.90;  // within the bound: untouched
+  EXPECT_NEAR(evaluator::make_row(r, 0.05)["candidate_ms"].get<double>(), 0.50, 1e-12);
+  r["candidate"]["fixed_ms"] = 1.20;
+  r["candidate"]["small_batch"] = 0;  // one batch size (the CPU): the floor alone was taken off
+  EXPECT_NEAR(evaluator::make_row(r, 0.05)["candidate_ms"].get<double>(), 0.50, 1e-12);
+  r["candidate"]["small_batch"] = 5;
+  r["eager"].erase("fixed_ms");  // a baseline without the figure (none to bound by)
+  EXPECT_NEAR(evaluator::make_row(r, 0.05)["candidate_ms"].get<double>(), 0.50, 1e-12);
+}
+
 TEST(Eval, RewardFollowsTheCudaAgentRule) {
   EXPECT_EQ(evaluator::reward(false, 10.0, 10.0, 0.05), -1);
   EXPECT_EQ(evaluator::reward(true, std::nullopt, std::nullopt, 0.05), 1);
@@ -257,7 +283,7 @@ TEST(Eval, AdaptiveHacksAreStoppedOrFlaggedAndHonestSolutionsPassUnflagged) {
   expect_headers_met(fr);
   for (auto& [key, row] : fr.run.by_solution) {
     if (fr.expect[key].kind != "honest") EXPECT_LE(row["reward"].get<int>(), 1) << key << " earned more than 1";
-    EXPECT_EQ(row["judge"], "judge-6");
+    EXPECT_EQ(row["judge"], "judge-7");
   }
   // Nothing a solution started outlives its evaluation.
   auto [rc, ps] = test::shell("grep -l opforge-escape-marker /proc/[0-9]*/environ 2>/dev/null | wc -l");

@@ -16,13 +16,14 @@
 #include <thread>
 
 #include "code_extract.h"
-#include "llm_client.h"
+#include "opforge/core/llm_client.h"
 #include "opforge/core/error.h"
 #include "opforge/core/store.h"
 #include "prompt.h"
 #include "test_support.h"
 
 using namespace opforge;
+using namespace opforge::llm;
 using namespace opforge::composer;
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;

@@ -1,4 +1,4 @@
-#include "llm_client.h"
+#include "opforge/core/llm_client.h"
 
 #include <curl/curl.h>
 #include <nlohmann/json.hpp>
@@ -21,7 +21,7 @@
 #include "opforge/core/error.h"
 #include "opforge/core/hash.h"
 
-namespace opforge::composer {
+namespace opforge::llm {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -150,16 +150,18 @@ void parse_answer(const std::string& body, LlmResponse& r) {
     if (u.contains("completion_tokens") && u["completion_tokens"].is_number_integer())
       r.completion_tokens = u["completion_tokens"];
   }
-  const json* content = nullptr;
-  if (choice.contains("message") && choice["message"].is_object() && choice["message"].contains("content"))
-    content = &choice["message"]["content"];
-  if (!content || !content->is_string() || content->get_ref<const std::string&>().empty()) {
+  const json* msg = choice.contains("message") && choice["message"].is_object() ? &choice["message"] : nullptr;
+  bool text = msg && msg->contains("content") && (*msg)["content"].is_string() &&
+              !(*msg)["content"].get_ref<const std::string&>().empty();
+  bool calls = msg && msg->contains("tool_calls") && (*msg)["tool_calls"].is_array() && !(*msg)["tool_calls"].empty();
+  if (!text && !calls) {
     r.reason = "no_content";
-    r.detail = fmt::format("the answer has no message text (finish_reason {})",
+    r.detail = fmt::format("the answer has no message text and no tool call (finish_reason {})",
                            r.finish_reason.empty() ? "absent" : r.finish_reason);
     return;
   }
-  r.content = *content;
+  if (text) r.content = (*msg)["content"];
+  r.message = *msg;
   r.ok = true;
 }
 
@@ -182,18 +184,27 @@ void cache_put(Db& db, const std::string& key, const LlmOptions& opts, const Llm
 }
 
 std::optional<LlmResponse> cache_get(Db& db, const std::string& key) {
-  auto st = db.prepare(
-      "SELECT content, finish_reason, prompt_tokens, completion_tokens FROM llm_cache WHERE key = ?");
+  auto st = db.prepare("SELECT response FROM llm_cache WHERE key = ?");
   st.bind(1, key);
   if (!st.step()) return std::nullopt;
   LlmResponse r;
-  r.ok = true;
+  parse_answer(st.text(0), r);  // only usable answers were stored
   r.from_cache = true;
-  r.content = st.text(0);
-  r.finish_reason = st.text(1);
-  r.prompt_tokens = static_cast<long>(st.int64(2));
-  r.completion_tokens = static_cast<long>(st.int64(3));
   return r;
+}
+
+// The request body: the conversation (or system + prompt), the sampling options, the tools.
+std::string payload(const LlmOptions& opts, const LlmRequest& req) {
+  json messages = req.messages;
+  if (!messages.is_array()) {
+    messages = json::array();
+    if (!req.system.empty()) messages.push_back({{"role", "system"}, {"content", req.system}});
+    messages.push_back({{"role", "user"}, {"content", req.prompt}});
+  }
+  json body = {{"model", opts.model}, {"messages", messages}, {"temperature", opts.temperature},
+               {"max_tokens", opts.max_tokens}};
+  if (req.tools.is_array() && !req.tools.empty()) body["tools"] = req.tools;
+  return body.dump();
 }
 
 }  // namespace
@@ -209,6 +220,9 @@ std::string chat_completions_url(std::string_view base) {
 std::string cache_key(const LlmOptions& opts, const LlmRequest& req) {
   json k = {{"model", opts.model},           {"system", req.system},         {"prompt", req.prompt},
             {"temperature", opts.temperature}, {"max_tokens", opts.max_tokens}, {"sample", req.sample}};
+  // Only when set, so the keys of single-prompt requests are those of earlier caches.
+  if (req.messages.is_array()) k["messages"] = req.messages;
+  if (req.tools.is_array() && !req.tools.empty()) k["tools"] = req.tools;
   return xxh3_hex(k.dump());
 }
 
@@ -286,14 +300,7 @@ std::vector<LlmResponse> LlmClient::complete(const std::vector<LlmRequest>& requ
     t->index = i;
     t->easy = curl_easy_init();
     OPFORGE_CHECK(t->easy, "cannot initialise libcurl (curl_easy_init failed)");
-    json messages = json::array();
-    if (!requests[i].system.empty()) messages.push_back({{"role", "system"}, {"content", requests[i].system}});
-    messages.push_back({{"role", "user"}, {"content", requests[i].prompt}});
-    t->payload = json{{"model", opts_.model},
-                      {"messages", messages},
-                      {"temperature", opts_.temperature},
-                      {"max_tokens", opts_.max_tokens}}
-                     .dump();
+    t->payload = payload(opts_, requests[i]);
     t->headers = curl_slist_append(t->headers, "Content-Type: application/json");
     t->headers = curl_slist_append(t->headers, "Accept: application/json");
     // libcurl sends `Expect: 100-continue` for large bodies (over 1 KiB before 7.87, 1 MiB since)
@@ -445,4 +452,4 @@ std::vector<LlmResponse> LlmClient::complete(const std::vector<LlmRequest>& requ
   return results;
 }
 
-}  // namespace opforge::composer
+}  // namespace opforge::llm

@@ -19,9 +19,11 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "opforge/core/store.h"
 
-namespace opforge::composer {
+namespace opforge::llm {
 
 struct LlmOptions {
   // Base URL (`http://host:8000`, `https://api.openai.com/v1`) or the full
@@ -44,13 +46,20 @@ struct LlmRequest {
   std::string system;  // the system message; empty: none is sent
   // Distinguishes several answers wanted for the same prompt: part of the cache key, not sent.
   int sample = 0;
+  // A whole conversation (OpenAI `messages`), sent instead of system + prompt when it is an array:
+  // the agent's multi-turn episodes, with assistant `tool_calls` and `tool` messages.
+  nlohmann::json messages;
+  // OpenAI `tools` (function definitions), sent when a non-empty array.
+  nlohmann::json tools;
 };
 
 struct LlmResponse {
   bool ok = false;
-  std::string content;  // the assistant message, when ok
+  std::string content;  // the assistant message's text, when ok (may be empty when it calls tools)
+  nlohmann::json message;  // the assistant message as the server sent it (`tool_calls` included), when ok
   // Why not ok: http_<code> (429 and 5xx after the retries; other codes at once), timeout,
-  // network, bad_json (the body is not a chat-completions answer), no_content (no message text).
+  // network, bad_json (the body is not a chat-completions answer), no_content (no message text
+  // and no tool call).
   std::string reason;
   std::string detail;         // the error text or the start of the body, for the log and the db
   std::string finish_reason;  // as the server said: stop, length (truncated at max_tokens), …
@@ -64,7 +73,7 @@ struct LlmResponse {
 std::string chat_completions_url(std::string_view base);
 
 // The cache key of a request under these options: xxh3 hex of the JSON
-// {model, system, prompt, temperature, max_tokens, sample}.
+// {model, system, prompt, temperature, max_tokens, sample}, plus messages and tools when set.
 std::string cache_key(const LlmOptions& opts, const LlmRequest& req);
 
 // Creates or upgrades the llm_cache table.
@@ -97,4 +106,4 @@ class LlmClient {
   long requests_sent_ = 0;
 };
 
-}  // namespace opforge::composer
+}  // namespace opforge::llm
