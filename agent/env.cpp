@@ -89,6 +89,19 @@ void export_one(const evaluator::EvalTask& t, const std::string& name, const fs:
 
 const std::vector<std::string>& protected_files() { return kProtected; }
 
+void reset_folder(const fs::path& out, const std::string& folder, const std::string& task_id, const std::string& name,
+                  const std::string& code, const fs::path& data_dir) {
+  OPFORGE_CHECK(!folder.empty() && folder.find('/') == std::string::npos && folder[0] != '.',
+                "{}: not a working folder's name", folder);
+  fs::remove_all(out / folder);
+  fs::remove_all(out / ".protected" / folder);
+  evaluator::EvalTask t;
+  t.id = task_id;
+  t.name = name;
+  t.code = code;
+  export_one(t, folder, out, data_dir / "env");
+}
+
 std::vector<std::string> exported_folders(const fs::path& out) {
   json m = json::parse(read_text(out / "manifest.json"), nullptr, false);
   OPFORGE_CHECK(m.is_object() && m.contains("tasks"), "{}: not a manifest of opforge env export",

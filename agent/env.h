@@ -28,6 +28,10 @@ EnvExportResult export_envs(const EnvExportOptions& o);
 // ...: edited, removed or made writable), against the copies export kept. Empty: intact.
 std::vector<std::string> changed_protected(const std::filesystem::path& out, const std::string& task);
 
+// <out>/<folder> as export wrote it, whatever was in it before (a resumed episode starts afresh).
+void reset_folder(const std::filesystem::path& out, const std::string& folder, const std::string& task_id,
+                  const std::string& name, const std::string& code, const std::filesystem::path& data_dir);
+
 // The folders of <out>/manifest.json.
 std::vector<std::string> exported_folders(const std::filesystem::path& out);
 

@@ -25,6 +25,7 @@ void add_worker(CLI::App& app, Runner& run);
 void add_eval(CLI::App& app, Runner& run);
 void add_serve(CLI::App& app, Runner& run);
 void add_env(CLI::App& app, Runner& run);
+void add_agent(CLI::App& app, Runner& run);
 void add_run(CLI::App& app, Runner& run);
 void add_sandbox_exec(CLI::App& app, Runner& run);
 void add_realism(CLI::App& app, Runner& run);

@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   opforge::cli::add_eval(app, run);
   opforge::cli::add_serve(app, run);
   opforge::cli::add_env(app, run);
+  opforge::cli::add_agent(app, run);
   opforge::cli::add_realism(app, run);
   opforge::cli::add_model_stats(app, run);
   opforge::cli::add_worker(app, run);

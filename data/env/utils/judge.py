@@ -1,9 +1,11 @@
 """Asks opforge's judge about this working folder (SKILL.md). The judge runs outside your
-sandbox, as `opforge serve`, reached at $OPFORGE_SERVE_URL; it builds and runs your files in a
+sandbox, as `opforge serve`, reached at $OPFORGE_SERVE_URL (under `opforge agent`, through the socket
+it hands in as $OPFORGE_JUDGE_FD); it builds and runs your files in a
 sandbox of its own, on inputs it draws itself, and answers what you need to act on. Standard
 library only."""
 import json
 import os
+import socket
 import sys
 import urllib.error
 import urllib.request
@@ -30,14 +32,30 @@ def solution_files():
     return files
 
 
+def _ask_relay(fd, body):
+    """Under `opforge agent` the sandbox has no network: the judge is one request line and one
+    answer line on the socket it handed in (OPFORGE_JUDGE_FD)."""
+    with socket.socket(fileno=fd) as s, s.makefile("rwb") as f:
+        f.write(body + b"\n")
+        f.flush()
+        line = f.readline()
+    row = json.loads(line or b"{}")
+    if "error" in row:
+        sys.exit(f"the judge refused the request: {row['error']}")
+    return row
+
+
 def ask():
     """The judge's row for the folder as it is now (a dict), or exits 2 saying why it could not."""
-    url = os.environ.get("OPFORGE_SERVE_URL")
-    if not url:
-        sys.exit("OPFORGE_SERVE_URL is not set: the judge's address is handed to the agent by whoever runs it")
     with open(os.path.join(HERE, "task.json")) as f:
         task_id = json.load(f)["task_id"]
     body = json.dumps({"task_id": task_id, "files": solution_files()}).encode()
+    relay = os.environ.get("OPFORGE_JUDGE_FD")
+    url = os.environ.get("OPFORGE_SERVE_URL")
+    if relay and not url:
+        return _check(_ask_relay(int(relay), body))
+    if not url:
+        sys.exit("OPFORGE_SERVE_URL is not set: the judge's address is handed to the agent by whoever runs it")
     req = urllib.request.Request(url.rstrip("/") + "/v1/evaluate", data=body,
                                  headers={"Content-Type": "application/json"})
     try:
@@ -47,6 +65,10 @@ def ask():
         sys.exit(f"the judge refused the request ({e.code}): {e.read().decode(errors='replace')[:2000]}")
     except (urllib.error.URLError, OSError) as e:
         sys.exit(f"the judge at {url} cannot be reached: {e}")
+    return _check(row)
+
+
+def _check(row):
     if row.get("retryable"):
         sys.exit(f"the judge could not judge this time ({row.get('reason')}): ask again; not your solution's fault")
     return row

@@ -1,0 +1,23 @@
+// The agent's link to the judge: `opforge serve`'s POST /v1/evaluate over libcurl, for the
+// scripts of a working folder (relayed from its sandbox) and for the final evaluation.
+//
+// Errors: none thrown. A judge that cannot be reached, refuses, or answers what is not a row comes
+// back as a row with `retryable: true` and its reason: a failure of the environment is never the
+// solution's -1 (a 400, a malformed submission, is: reason bad_submission). Thread safety: evaluate() may run on several threads at once.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+namespace opforge::agent {
+
+struct JudgeClient {
+  std::string url;    // http://host:port of opforge serve
+  std::string token;  // its bearer token, when it has one
+  double timeout_s = 7200;  // one evaluation, queueing included
+  int attempts = 6;         // on 429 (queue full) and network errors, with back-off
+
+  nlohmann::json evaluate(const std::string& task_id, const nlohmann::json& files) const;
+};
+
+}  // namespace opforge::agent

@@ -1,0 +1,252 @@
+// opforge agent (agent.h): working folders, a judge, K episodes in flight, records that make a
+// killed run resumable, and the summary.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "agent.h"
+#include "env.h"
+#include "episode.h"
+#include "evaluator.h"
+#include "opforge/core/error.h"
+#include "opforge/core/files.h"
+#include "opforge/core/paths.h"
+#include "opforge/core/progress.h"
+
+extern char** environ;
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace opforge::agent {
+
+namespace {
+
+// `opforge serve` as a child of the run, on a free loopback port, until the run ends.
+class JudgeProcess {
+ public:
+  JudgeProcess(const AgentOptions& o, const fs::path& dir) {
+    fs::create_directories(dir);
+    std::vector<std::string> args = {self_executable().string(), "serve", "--tasks", fs::absolute(o.tasks).string(),
+                                     "--port", "0", "--device", o.device, "--state-dir", (dir / "state").string()};
+    args.insert(args.end(), o.judge_args.begin(), o.judge_args.end());
+    start(args, dir / "serve.log");
+    url_ = wait_for_url(dir / "serve.log");
+  }
+  ~JudgeProcess() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (out_ >= 0) ::close(out_);
+  }
+  const std::string& url() const { return url_; }
+
+ private:
+  // fork + exec rather than posix_spawn: the judge must die with this run (PR_SET_PDEATHSIG), even
+  // when the run is killed, or its workers would hold the port and the GPU.
+  void start(const std::vector<std::string>& args, const fs::path& log) {
+    int p[2];
+    OPFORGE_CHECK(::pipe2(p, O_CLOEXEC) == 0, "cannot make a pipe for the judge");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    std::string log_path = log.string();
+    pid_ = ::fork();
+    OPFORGE_CHECK(pid_ >= 0, "cannot start the judge (opforge serve): {}", std::strerror(errno));
+    if (pid_ == 0) {  // only async-signal-safe calls until exec
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      int err = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      ::dup2(p[1], 1);
+      if (err >= 0) ::dup2(err, 2);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    ::close(p[1]);
+    out_ = p[0];
+  }
+
+  // "listening on http://HOST:PORT" once its workers are warm (they import torch first).
+  std::string wait_for_url(const fs::path& log) {
+    std::string text;
+    char buf[4096];
+    ssize_t n;
+    std::smatch m;
+    static const std::regex re("listening on (http://[^ \\n]+)");
+    while ((n = ::read(out_, buf, sizeof buf)) > 0) {
+      text.append(buf, static_cast<std::size_t>(n));
+      if (std::regex_search(text, m, re)) return m[1].str();
+    }
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+    std::string tail = fs::exists(log) ? read_text(log) : "";
+    throw Error(fmt::format("the judge (opforge serve) did not start; its log {} ends:\n{}", log.string(),
+                            tail.size() > 3000 ? tail.substr(tail.size() - 3000) : tail));
+  }
+
+  pid_t pid_ = -1;
+  int out_ = -1;
+  std::string url_;
+};
+
+std::vector<json> read_records(const fs::path& p) {
+  std::vector<json> out;
+  if (!fs::exists(p)) return out;
+  std::ifstream f(p);
+  for (std::string line; std::getline(f, line);) {
+    json j = json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("task_id")) out.push_back(std::move(j));  // a torn last line is dropped
+  }
+  return out;
+}
+
+// The folders of work/: exported once, then kept (a resumed run's finished folders are its results).
+std::vector<EpisodeTask> prepare(const AgentOptions& o, const fs::path& work) {
+  if (!fs::exists(work / "manifest.json")) export_envs({o.tasks, work, o.data_dir});
+  json m = json::parse(read_text(work / "manifest.json"));
+  std::map<std::string, std::string> code;
+  for (auto& t : evaluator::load_tasks(o.tasks)) code[t.id] = t.code;
+  std::vector<EpisodeTask> tasks;
+  for (auto& t : m["tasks"]) {
+    auto c = code.find(t["task_id"].get<std::string>());
+    OPFORGE_CHECK(c != code.end(), "{} holds a folder of task {} that --tasks does not have: use a new --out for other "
+                  "tasks", work.string(), t["task_id"].get<std::string>());
+    tasks.push_back({t["task_id"], t["name"], t["folder"], c->second, work});
+  }
+  OPFORGE_CHECK(code.size() == tasks.size(), "{} holds the folders of {} task(s), --tasks has {}: use a new --out "
+                "for other tasks", work.string(), tasks.size(), code.size());
+  return tasks;
+}
+
+// The venv, read-only in the bash sandbox, first on its PATH (python3 with torch, as the judge's).
+ToolContext tool_context(const AgentOptions& o) {
+  ToolContext c;
+  fs::path py = python_executable();
+  fs::path venv = py.parent_path().parent_path();
+  c.ro = {venv.string(), python_package_dir().string()};
+  c.env = {{"PATH", (py.parent_path()).string() + ":/usr/local/cuda/bin:/usr/local/bin:/usr/bin:/bin"},
+           {"PYTHONPATH", python_package_dir().string()}};
+  c.bash_timeout_s = o.bash_timeout_s;
+  c.output_chars = o.tool_output_chars;
+  c.no_sandbox = o.no_sandbox;
+  return c;
+}
+
+// The relay of a folder's utils/judge.py: its task, whatever task id the request names.
+std::function<std::string(const std::string&)> relay(const JudgeClient& judge, const std::string& task_id) {
+  return [&judge, task_id](const std::string& line) {
+    json req = json::parse(line, nullptr, false);
+    if (!req.is_object() || !req.contains("files") || !req["files"].is_object())
+      return json{{"error", "a request to the judge is one JSON object with \"files\" (path -> text)"}}.dump();
+    return judge.evaluate(task_id, req["files"]).dump();
+  };
+}
+
+struct Pool {
+  const AgentOptions& o;
+  const JudgeClient& judge;
+  const fs::path& out;
+  std::mutex mu;
+  std::atomic<std::size_t> next{0};
+  std::atomic<bool> stop{false};
+  std::exception_ptr fatal;
+
+  void record(const fs::path& file, const json& j) {
+    std::lock_guard<std::mutex> lock(mu);
+    std::ofstream f(out / file, std::ios::app);
+    f << j.dump() << "\n";
+    f.flush();
+  }
+
+  void episode(const EpisodeTask& t, llm::LlmClient& llm, Progress& bar) {
+    reset_folder(t.work, t.folder, t.task_id, t.name, t.code, o.data_dir);
+    ToolContext tools = tool_context(o);
+    tools.folder = t.work / t.folder;
+    tools.judge = relay(judge, t.task_id);
+    std::string system = read_text(o.data_dir / "agent" / "system.md") + "\n\n" + read_text(tools.folder / "SKILL.md");
+    try {
+      json rec = run_episode(o, t, llm, judge, tools, system);
+      record("episodes.jsonl", rec);
+      bar.tick(1, fmt::format("{}: reward {}", t.name, rec["reward"].dump()));
+    } catch (const EpisodeAborted& e) {
+      spdlog::warn("episode {} not finished ({}): {}; the next run takes it again", t.name, e.reason, e.what());
+      record("errors.jsonl", {{"task_id", t.task_id}, {"task", t.name}, {"reason", e.reason}, {"detail", e.what()}});
+      bar.tick(1, t.name + ": " + e.reason);
+    }
+  }
+
+  void worker(const std::vector<EpisodeTask>& todo, Progress& bar) {
+    llm::LlmOptions lo = o.llm;
+    lo.concurrency = 1;
+    try {
+      llm::LlmClient llm(lo, nullptr);
+      for (std::size_t i; !stop && (i = next++) < todo.size();) episode(todo[i], llm, bar);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!fatal) fatal = std::current_exception();
+      stop = true;
+    }
+  }
+};
+
+void write_summary(const AgentOptions& o) {
+  json s = summarize_episodes(read_records(o.out / "episodes.jsonl"));
+  s["errors_pending"] = read_records(o.out / "errors.jsonl").size();
+  std::ofstream(o.out / "summary.json") << s.dump(2) << "\n";
+  std::ofstream(o.out / "summary.md") << summary_markdown(s);
+  std::string cmd = fmt::format("PYTHONPATH='{}' '{}' -m opforge.agent_plots '{}' '{}' 1>&2",
+                                python_package_dir().string(), python_executable().string(),
+                                (o.out / "summary.json").string(), (o.out / "summary.png").string());
+  if (std::system(cmd.c_str()) != 0) spdlog::warn("the plot was not drawn (matplotlib missing?)");
+}
+
+}  // namespace
+
+json run_agent(const AgentOptions& o) {
+  OPFORGE_CHECK(o.max_turns >= 1 && o.concurrency >= 1, "--max-turns and --concurrency must be at least 1");
+  fs::create_directories(o.out);
+  auto tasks = prepare(o, o.out / "work");
+  std::set<std::string> done;
+  for (auto& r : read_records(o.out / "episodes.jsonl")) done.insert(r["task_id"].get<std::string>());
+  fs::remove(o.out / "errors.jsonl");  // what failed last time is taken again now
+  std::vector<EpisodeTask> todo;
+  for (auto& t : tasks)
+    if (!done.count(t.task_id)) todo.push_back(t);
+  spdlog::info("agent: {} task(s), {} finished before, {} to run", tasks.size(), done.size(), todo.size());
+  if (!todo.empty()) {
+    std::unique_ptr<JudgeProcess> own;
+    JudgeClient judge;
+    judge.url = o.judge_url;
+    if (!o.judge_token_env.empty() && std::getenv(o.judge_token_env.c_str())) judge.token = std::getenv(o.judge_token_env.c_str());
+    if (judge.url.empty()) {
+      own = std::make_unique<JudgeProcess>(o, o.out / "judge");
+      judge.url = own->url();
+    }
+    Progress bar("episodes", todo.size());
+    Pool pool{o, judge, o.out};
+    std::vector<std::thread> threads;
+    for (int k = 0; k < std::min<int>(o.concurrency, static_cast<int>(todo.size())); ++k)
+      threads.emplace_back([&] { pool.worker(todo, bar); });
+    for (auto& th : threads) th.join();
+    bar.finish();
+    if (pool.fatal) std::rethrow_exception(pool.fatal);
+  }
+  write_summary(o);
+  return json::parse(read_text(o.out / "summary.json"));
+}
+
+}  // namespace opforge::agent
