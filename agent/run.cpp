@@ -133,13 +133,17 @@ std::vector<EpisodeTask> prepare(const AgentOptions& o, const fs::path& work) {
 }
 
 // The venv, read-only in the bash sandbox, first on its PATH (python3 with torch, as the judge's).
+// Not opforge's own package: the folder's scripts need only the standard library. A path under
+// /work would be bound inside the folder itself (the sandbox's /work), and sent with the solution.
 ToolContext tool_context(const AgentOptions& o) {
   ToolContext c;
   fs::path py = python_executable();
-  fs::path venv = py.parent_path().parent_path();
-  c.ro = {venv.string(), python_package_dir().string()};
-  c.env = {{"PATH", (py.parent_path()).string() + ":/usr/local/cuda/bin:/usr/local/bin:/usr/bin:/bin"},
-           {"PYTHONPATH", python_package_dir().string()}};
+  fs::path venv = fs::weakly_canonical(py.parent_path().parent_path());
+  if (venv.lexically_relative("/work").empty() || *venv.lexically_relative("/work").begin() == "..")
+    c.ro = {venv.string()};
+  else
+    spdlog::warn("the venv {} is under /work: the bash sandbox runs without it", venv.string());
+  c.env = {{"PATH", (venv / "bin").string() + ":/usr/local/cuda/bin:/usr/local/bin:/usr/bin:/bin"}};
   c.bash_timeout_s = o.bash_timeout_s;
   c.output_chars = o.tool_output_chars;
   c.no_sandbox = o.no_sandbox;
@@ -147,12 +151,18 @@ ToolContext tool_context(const AgentOptions& o) {
 }
 
 // The relay of a folder's utils/judge.py: its task, whatever task id the request names.
-std::function<std::string(const std::string&)> relay(const JudgeClient& judge, const std::string& task_id) {
-  return [&judge, task_id](const std::string& line) {
+std::function<std::string(const std::string&)> relay(const JudgeClient& judge, const std::string& task_id,
+                                                     std::shared_ptr<std::vector<json>> judged) {
+  return [&judge, task_id, judged](const std::string& line) {
     json req = json::parse(line, nullptr, false);
     if (!req.is_object() || !req.contains("files") || !req["files"].is_object())
       return json{{"error", "a request to the judge is one JSON object with \"files\" (path -> text)"}}.dump();
-    return judge.evaluate(task_id, req["files"]).dump();
+    json row = judge.evaluate(task_id, req["files"]);
+    json brief = json::object();
+    for (auto k : {"solution_hash", "reward", "reason", "flags", "cached", "retryable"})
+      if (row.contains(k)) brief[k] = row[k];
+    judged->push_back(brief);
+    return row.dump();
   };
 }
 
@@ -176,7 +186,7 @@ struct Pool {
     reset_folder(t.work, t.folder, t.task_id, t.name, t.code, o.data_dir);
     ToolContext tools = tool_context(o);
     tools.folder = t.work / t.folder;
-    tools.judge = relay(judge, t.task_id);
+    tools.judge = relay(judge, t.task_id, tools.judged);
     std::string system = read_text(o.data_dir / "agent" / "system.md") + "\n\n" + read_text(tools.folder / "SKILL.md");
     try {
       json rec = run_episode(o, t, llm, judge, tools, system);

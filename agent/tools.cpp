@@ -86,9 +86,11 @@ ToolOutcome write_file_tool(const ToolContext& ctx, const json& a) {
 ToolOutcome bash_tool(const ToolContext& ctx, const json& a) {
   ShellRequest req{a["command"].get<std::string>(), ctx.folder, ctx.ro, ctx.env, ctx.bash_timeout_s,
                    ctx.output_chars, 8192, ctx.no_sandbox, ctx.judge};
+  ctx.judged->clear();
   ShellResult r = run_shell(req);
   json d = {{"exit_code", r.exit_code}, {"timed_out", r.timed_out}, {"output_bytes", r.output_bytes},
-            {"seconds", r.seconds}, {"judge_requests", r.judge_requests}, {"judge_seconds", r.judge_seconds}};
+            {"seconds", r.seconds}, {"judge_requests", r.judge_requests}, {"judge_seconds", r.judge_seconds},
+            {"judged", *ctx.judged}};
   return {shell_report(r, ctx.bash_timeout_s), true, false, d};
 }
 

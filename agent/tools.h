@@ -3,6 +3,8 @@
 #pragma once
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -17,6 +19,8 @@ struct ToolContext {
   std::size_t output_chars = 16000;
   bool no_sandbox = false;
   std::function<std::string(const std::string&)> judge;  // a relayed request line -> its answer line
+  // What the relayed requests were answered (hash, reward, reason, flags), for the bash call's record.
+  std::shared_ptr<std::vector<nlohmann::json>> judged = std::make_shared<std::vector<nlohmann::json>>();
 };
 
 struct ToolOutcome {

@@ -4,6 +4,7 @@
 #   bench/gpu_session.sh STEP...   steps run in order:
 #     build       configure and build build-gpu (tests included unless BUILD_TESTS=OFF) against /opt/torch
 #     eval        bench/eval_gpu.sh on GPU 0, then the eval GPU tests (ctest -L gpu)
+#     agent       one scripted opforge agent episode through the judge (bench/agent_gpu.py)
 #     throughput  bench/filter_throughput.sh over TP_N (default 20) fresh candidates at 8/4/2/1 workers on GPU 0
 #                 (most telling row first, in case the call is cut)
 #     serve       opforge serve judging the eval bench's solutions over HTTP (bench/serve_gpu.py)
@@ -79,6 +80,15 @@ case $step in
       (cd build-gpu && timeout "${CTEST_TIMEOUT:-330}" ctest -L gpu --output-on-failure) > "$OUT/ctest_gpu.txt" 2>&1
       tail -4 "$OUT/ctest_gpu.txt"
     fi
+    ;;
+  agent)
+    # One scripted opforge agent episode (bench/agent_gpu.py): its scripts reach the judge on the GPU.
+    stamp "opforge agent: a scripted episode on GPU 0"
+    rm -rf /tmp/agt
+    CUDA_VISIBLE_DEVICES=0 timeout "${AGENT_TIMEOUT:-420}" $P bench/agent_gpu.py "$B" /tmp/agt > "$OUT/agent.txt" 2>&1
+    echo "agent bench rc $?" >> "$OUT/agent.txt"
+    tar czf "$OUT/agent.tgz" -C /tmp/agt/run summary.json summary.md summary.png episodes.jsonl judge/serve.log 2> /dev/null
+    tail -40 "$OUT/agent.txt"
     ;;
   serve)
     # The eval bench's solutions through opforge serve (bench/serve_gpu.py), beside the `all` run's

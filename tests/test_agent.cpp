@@ -181,6 +181,10 @@ TEST(Agent, ScriptedEpisodesEarnTheJudgesRewardThroughFaultsAndAKilledRunResumes
   for (auto& m : a["messages"])
     if (m["role"] == "tool" && m["tool_call_id"] == "d0") verify = m["content"];
   EXPECT_NE(verify.find("correct: yes"), std::string::npos) << verify;
+  // What the folder's script sent is what the final evaluation judged: nothing of the host (a
+  // read-only path under /work once appeared inside the folder) came along.
+  EXPECT_EQ(tool_log(a, "d0")["detail"]["judged"][0]["solution_hash"], a["final"]["solution_hash"]);
+  EXPECT_EQ(a["final"]["flags"], json::array()) << a["final"].dump();
   EXPECT_EQ(a["tokens"]["estimated"], false);
   const json& s = eps["softmax_sum"];
   EXPECT_EQ(s["ended"], "context_budget");

@@ -282,9 +282,11 @@ std::vector<LlmResponse> LlmClient::complete(const std::vector<LlmRequest>& requ
 
   const char* key_value = std::getenv(opts_.key_env.c_str());
   const std::string key = key_value ? key_value : "";
-  spdlog::info("LLM: {} requests to {} (model {}, {} in flight, {} cached){}", waiting.size(), endpoint_, opts_.model,
-               opts_.concurrency, requests.size() - waiting.size(),
-               key.empty() ? fmt::format(", no API key ({} is not set)", opts_.key_env) : "");
+  // Once per client (an agent's episode asks one request a turn), then at debug level.
+  spdlog::log(requests_sent_ == 0 ? spdlog::level::info : spdlog::level::debug,
+              "LLM: {} requests to {} (model {}, {} in flight, {} cached){}", waiting.size(), endpoint_, opts_.model,
+              opts_.concurrency, requests.size() - waiting.size(),
+              key.empty() ? fmt::format(", no API key ({} is not set)", opts_.key_env) : "");
 
   std::vector<int> attempts(requests.size(), 0);
   std::mt19937_64 rng(std::random_device{}());
