@@ -1,10 +1,5 @@
 // opforge agent (agent.h): working folders, a judge, K episodes in flight, records that make a
 // killed run resumable, and the summary.
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -14,20 +9,18 @@
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <regex>
 #include <set>
 #include <thread>
 
 #include "agent.h"
 #include "env.h"
 #include "episode.h"
+#include "judge_process.h"
 #include "evaluator.h"
 #include "opforge/core/error.h"
 #include "opforge/core/files.h"
 #include "opforge/core/paths.h"
 #include "opforge/core/progress.h"
-
-extern char** environ;
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -35,73 +28,6 @@ using nlohmann::json;
 namespace opforge::agent {
 
 namespace {
-
-// `opforge serve` as a child of the run, on a free loopback port, until the run ends.
-class JudgeProcess {
- public:
-  JudgeProcess(const AgentOptions& o, const fs::path& dir) {
-    fs::create_directories(dir);
-    std::vector<std::string> args = {self_executable().string(), "serve", "--tasks", fs::absolute(o.tasks).string(),
-                                     "--port", "0", "--device", o.device, "--state-dir", (dir / "state").string()};
-    args.insert(args.end(), o.judge_args.begin(), o.judge_args.end());
-    start(args, dir / "serve.log");
-    url_ = wait_for_url(dir / "serve.log");
-  }
-  ~JudgeProcess() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    if (out_ >= 0) ::close(out_);
-  }
-  const std::string& url() const { return url_; }
-
- private:
-  // fork + exec rather than posix_spawn: the judge must die with this run (PR_SET_PDEATHSIG), even
-  // when the run is killed, or its workers would hold the port and the GPU.
-  void start(const std::vector<std::string>& args, const fs::path& log) {
-    int p[2];
-    OPFORGE_CHECK(::pipe2(p, O_CLOEXEC) == 0, "cannot make a pipe for the judge");
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    std::string log_path = log.string();
-    pid_ = ::fork();
-    OPFORGE_CHECK(pid_ >= 0, "cannot start the judge (opforge serve): {}", std::strerror(errno));
-    if (pid_ == 0) {  // only async-signal-safe calls until exec
-      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-      int err = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      ::dup2(p[1], 1);
-      if (err >= 0) ::dup2(err, 2);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    ::close(p[1]);
-    out_ = p[0];
-  }
-
-  // "listening on http://HOST:PORT" once its workers are warm (they import torch first).
-  std::string wait_for_url(const fs::path& log) {
-    std::string text;
-    char buf[4096];
-    ssize_t n;
-    std::smatch m;
-    static const std::regex re("listening on (http://[^ \\n]+)");
-    while ((n = ::read(out_, buf, sizeof buf)) > 0) {
-      text.append(buf, static_cast<std::size_t>(n));
-      if (std::regex_search(text, m, re)) return m[1].str();
-    }
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-    std::string tail = fs::exists(log) ? read_text(log) : "";
-    throw Error(fmt::format("the judge (opforge serve) did not start; its log {} ends:\n{}", log.string(),
-                            tail.size() > 3000 ? tail.substr(tail.size() - 3000) : tail));
-  }
-
-  pid_t pid_ = -1;
-  int out_ = -1;
-  std::string url_;
-};
 
 std::vector<json> read_records(const fs::path& p) {
   std::vector<json> out;
@@ -243,7 +169,7 @@ json run_agent(const AgentOptions& o) {
     judge.url = o.judge_url;
     if (!o.judge_token_env.empty() && std::getenv(o.judge_token_env.c_str())) judge.token = std::getenv(o.judge_token_env.c_str());
     if (judge.url.empty()) {
-      own = std::make_unique<JudgeProcess>(o, o.out / "judge");
+      own = std::make_unique<JudgeProcess>(o.tasks, o.device, o.judge_args, o.out / "judge");
       judge.url = own->url();
     }
     Progress bar("episodes", todo.size());
