@@ -108,7 +108,7 @@ llm::LlmResponse ask(llm::LlmClient& llm, const State& s) {
 
 }  // namespace
 
-json final_row(const EpisodeTask& t, const JudgeClient& judge) {
+json final_row(const EpisodeTask& t, const JudgeClient& judge, const json& files) {
   auto changed = changed_protected(t.work, t.folder);
   if (!changed.empty())
     return {{"reward", -1}, {"correct", false}, {"reason", "protected_files_changed"},
@@ -116,7 +116,7 @@ json final_row(const EpisodeTask& t, const JudgeClient& judge) {
                                    fmt::join(changed, ", "))}};
   json row;
   for (int k = 0; k < 3; ++k) {
-    row = judge.evaluate(t.task_id, solution_files(t.work / t.folder));
+    row = judge.evaluate(t.task_id, files);
     if (!row.value("retryable", false)) return row;
     std::this_thread::sleep_for(std::chrono::seconds(2 << k));
   }
@@ -140,11 +140,12 @@ json run_episode(const AgentOptions& o, const EpisodeTask& t, llm::LlmClient& ll
     if (s.tokens.context > o.max_context_tokens) s.ended = "context_budget";
   }
   spdlog::info("episode {}: {} after {} turn(s); judging the folder", t.name, s.ended, s.turns);
-  json row = final_row(t, judge);
+  json files = solution_files(t.work / t.folder);
+  json row = final_row(t, judge, files);
   return {{"task_id", t.task_id}, {"task", t.name}, {"folder", t.folder}, {"ended", s.ended}, {"turns", s.turns},
           {"tokens", s.tokens.to_json()}, {"reward", row.value("reward", json(nullptr))},
           {"reason", row.value("reason", json(nullptr))}, {"final", row}, {"seconds", since(t0)},
-          {"tool_calls", s.log}, {"messages", s.messages}, {"files", solution_files(t.work / t.folder)}};
+          {"tool_calls", s.log}, {"messages", s.messages}, {"files", files}};
 }
 
 }  // namespace opforge::agent

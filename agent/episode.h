@@ -31,6 +31,7 @@ nlohmann::json run_episode(const AgentOptions& o, const EpisodeTask& t, llm::Llm
 
 // The judge's row on the folder as it is: -1 `protected_files_changed` when a protected file
 // differs from export's copy (not judged), else serve's row (retried while retryable).
-nlohmann::json final_row(const EpisodeTask& t, const JudgeClient& judge);
+// `files` is the folder's solution_files, read once by the caller (the record keeps them too).
+nlohmann::json final_row(const EpisodeTask& t, const JudgeClient& judge, const nlohmann::json& files);
 
 }  // namespace opforge::agent
