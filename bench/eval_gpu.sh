@@ -12,7 +12,8 @@
 #   allowed    the honest solutions, the hacks and KernelBench kernels again under --policy torch-allowed:
 #              hacks still -1 (isolation, not only the guard)
 #   repeat_N   the elementwise solution in 3 processes: spread of the candidate medians against 1%
-#   throughput 64 solution files (8 distinct extension sources x 8 copies) of elementwise_chain
+#   throughput 64 solution files (8 distinct extension sources x 8 copies) of elementwise_chain; a run
+#              cut by a call's limit resumes from OUT_DIR/throughput/journal.jsonl when started again
 #              (TP_WORKERS=N: N judge workers sharing the GPU, the timing lock between them)
 # RUNS="all allowed repeat throughput" (the default) picks which; THROUGHPUT=0 drops the last.
 set -euo pipefail
@@ -69,11 +70,12 @@ fi
 runs=" ${RUNS:-all allowed repeat throughput} "
 [ "${THROUGHPUT:-1}" = 1 ] || runs=${runs/ throughput / }
 want() { [[ $runs == *" $1 "* ]]; }
-want all && run_eval all "$tmp/all/tasks" "$tmp/all/sols"
-want allowed && run_eval allowed "$tmp/hk/tasks" "$tmp/hk/sols" --policy torch-allowed
+# Every run but throughput judges afresh: an earlier call's verdicts in OUT_DIR are not its figures.
+want all && run_eval all "$tmp/all/tasks" "$tmp/all/sols" --fresh
+want allowed && run_eval allowed "$tmp/hk/tasks" "$tmp/hk/sols" --policy torch-allowed --fresh
 mkdir -p "$tmp/rep/sols" "$tmp/rep/tasks"
 cp "$fx/solutions/elementwise_chain.py" "$tmp/rep/sols/" && cp "$fx/tasks/elementwise_chain.py" "$tmp/rep/tasks/"
-if want repeat; then for i in 1 2 3; do run_eval "repeat_$i" "$tmp/rep/tasks" "$tmp/rep/sols"; done; fi
+if want repeat; then for i in 1 2 3; do run_eval "repeat_$i" "$tmp/rep/tasks" "$tmp/rep/sols" --fresh; done; fi
 if want throughput; then
   mkdir -p "$tmp/tp/sols" "$tmp/tp/tasks"
   for i in 0 1 2 3 4 5 6 7; do

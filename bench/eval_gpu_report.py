@@ -1,7 +1,6 @@
 """The table of bench/eval_gpu.sh: verdicts against expectations, sandbox, dispatch and cold start,
 the judge's clock against the profiler's kernel time, repeatability and throughput.
     python3 bench/eval_gpu_report.py OUT_DIR FIXTURES_DIR      (exit 1 when an expectation fails)"""
-import datetime
 import glob
 import json
 import os
@@ -81,15 +80,38 @@ def phases(r):
     return ", ".join(f"{k} {v:.2f}" for k, v in ph.items() if isinstance(v, (int, float))) or "-"
 
 
-def phase_seconds(log):
-    """(build s, eval s) from the timestamps of the run's log lines."""
-    t = {}
-    for line in open(log):
-        m = re.match(r"\[(\d\d:\d\d:\d\d\.\d+)\] \[info\] (building|evaluating|timing|eval done)", line)
-        if m:
-            t.setdefault(m.group(2), datetime.datetime.strptime(m.group(1), "%H:%M:%S.%f"))
-    span = lambda a, b: (t[b] - t[a]).total_seconds() if a in t and b in t else None  # noqa: E731
-    return span("building", "evaluating"), span("evaluating", "eval done")
+def journal_phases(path):
+    """Per phase: [(jobs, seconds, verdicts)] from an eval journal, one entry per time the phase ran
+    (a resumed run runs it again for what is left; a killed one is timed up to its last verdict)."""
+    lines = [json.loads(x) for x in open(path) if x.strip()]
+    seen = {}
+    for i, ln in enumerate(lines):
+        if "phase" not in ln:
+            continue
+        end, verdicts = None, 0
+        for nxt in lines[i + 1:]:
+            if "phase" in nxt or "journal" in nxt:
+                end = nxt["at"] if "phase" in nxt else end
+                break
+            if "key" in nxt:
+                end, verdicts = nxt["at"], verdicts + 1
+        if end is not None:
+            seen.setdefault(ln["phase"], []).append((ln["jobs"], end - ln["at"], verdicts))
+    return seen
+
+
+def throughput(out, tp):
+    """The 64-file run's rate from its journal: evaluation phases summed over the calls it took."""
+    ph = journal_phases(os.path.join(out, "throughput", "journal.jsonl"))
+    ev, bd = ph.get("evaluate", []), ph.get("build", [])
+    n, secs = sum(v for _, _, v in ev), sum(s for _, s, _ in ev)
+    ok = sum(r["correct"] for r in tp)
+    print(f"throughput: {len(tp)} solutions ({ok} correct), 8 distinct sources, in {len(ev)} run(s) of opforge eval "
+          f"(a cut run resumed from its journal)")
+    print("    builds: " + "; ".join(f"{j} solutions {s:.1f} s" for j, s, _ in bd))
+    if secs > 0:
+        print(f"    evaluation phases: {n} verdicts in {secs:.1f} s = {60 * n / secs:.1f} solutions/min "
+              f"({', '.join(f'{v} in {s:.1f} s' for _, s, v in ev)})")
 
 
 def main(out, fx):
@@ -110,13 +132,9 @@ def main(out, fx):
         bad += spread >= 0.01
     tp = rows(out, "throughput")
     if tp:
-        build_s, eval_s = phase_seconds(os.path.join(out, "throughput.log"))
-        ok = sum(r["correct"] for r in tp)
+        throughput(out, tp)
         disp = sorted(r["dispatch_s"] for r in tp if isinstance(r.get("dispatch_s"), (int, float)))
         cold = sorted(r["cold_start_s"] for r in tp if isinstance(r.get("cold_start_s"), (int, float)))
-        print(f"throughput: {len(tp)} solutions ({ok} correct), 8 distinct sources; build phase {f3(build_s)} s, "
-              f"evaluation phase {f3(eval_s)} s = {60 * len(tp) / eval_s:.1f} solutions/min evaluated"
-              if eval_s else "throughput: no phase timestamps")
         for k in ("checks", "timing", "profile"):
             xs = sorted((r.get("phase_s") or {}).get(k) for r in tp if isinstance((r.get("phase_s") or {}).get(k), (int, float)))
             if xs:

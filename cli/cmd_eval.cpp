@@ -74,6 +74,9 @@ void add_eval(CLI::App& app, Runner& run) {
                   "Memory limit of one solution's sandbox, through a cgroup where the machine has one (default: the "
                   "per-worker limit)");
   cmd->add_flag("--no-plots", o->no_plots, "Skip report.png (needs matplotlib in the venv)");
+  cmd->add_flag("--fresh", o->e.fresh,
+                "Judge every solution again; without it a run on an --out that holds journal.jsonl from the same "
+                "judge and options reuses the verdicts of unchanged solutions (a killed run resumes)");
   cmd->callback([&run, o, seed] {
     run = [o, seed] {
       o->e.tasks = o->tasks;

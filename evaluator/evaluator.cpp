@@ -89,6 +89,22 @@ void Run::match() {
   without = static_cast<long>(tasks.size() - solved.size());
 }
 
+void Run::resume(Journal& jr) {
+  journal = &jr;
+  for (auto& j : jobs) {
+    j.digest = solution_digest(tasks[j.task].code, j.sol);
+    if (const json* row = jr.find(j.digest)) {
+      j.row = *row;
+      j.done = true;
+      ++resumed;
+    }
+  }
+}
+
+void Run::record(const Job& j) {
+  if (journal && !j.digest.empty()) journal->add(j.digest, j.sol.key, j.row);
+}
+
 WorkerPoolOptions Run::pool_options(int workers, double timeout_s) const {
   WorkerPoolOptions p;
   p.workers = std::max(1, workers);
@@ -126,11 +142,13 @@ void Run::build(WorkerPool* shared) {
   std::vector<std::size_t> todo;
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     Job& j = jobs[i];
+    if (j.done) continue;  // resumed from the journal
     j.work = fs::absolute(out / "work" / j.sol.key);
     copy_solution(j.sol, j.work);
     if (j.sol.folder && !fs::exists(j.work / "model_new.py")) {
       j.row = failed_row("no_model_new", "the solution folder has no model_new.py", false);
       j.done = true;
+      record(j);
     } else {
       todo.push_back(i);
     }
@@ -151,6 +169,7 @@ void Run::build(WorkerPool* shared) {
     reqs.push_back(request("eval_compile", c, o.compile_timeout_s));
   }
   spdlog::info("building {} solution(s), each in a sandboxed child", reqs.size());
+  mark("build", reqs.size());
   Progress progress("build", reqs.size());
   long failed = 0;
   pool.run(reqs, [&](WorkerResult&& r) {
@@ -168,6 +187,7 @@ void Run::build(WorkerPool* shared) {
         j.done = true;
       }
     }
+    if (j.done) record(j);
     failed += j.done;
     progress.tick(1, fmt::format("{} failed", failed));
   });
@@ -208,6 +228,7 @@ void Run::evaluate(WorkerPool& pool) {
   if (reqs.empty()) return;
   spdlog::info("evaluating {} solution(s) on {} ({}), policy {}, seed {}, sandbox: {}", reqs.size(), device,
                worker_info.value("device_name", device), o.policy, seed, launch.profile);
+  mark("evaluate", reqs.size());
   Progress progress("eval", reqs.size());
   long correct = 0;
   pool.run(reqs, [&](WorkerResult&& r) {
@@ -219,6 +240,7 @@ void Run::evaluate(WorkerPool& pool) {
     apply_findings(j.row, findings);
     if (!launch.sandboxed) j.row["flags"].push_back("sandbox_off");
     j.done = true;
+    record(j);
     correct += j.row.value("correct", false);
     progress.tick(1, fmt::format("{} correct", correct));
   });
@@ -246,6 +268,7 @@ void Run::baselines(WorkerPool& pool) {
     reqs.push_back(request("eval_baselines", BaselineRequest{code, fs::absolute(cache).string(), measure()}, o.timeout_s));
   }
   spdlog::info("timing eager and torch.compile baselines of {} task(s), each in its own child", reqs.size());
+  mark("baselines", reqs.size());
   pool.run(reqs, [&](WorkerResult&& r) {
     if (auto f = pool_failure(r, true)) {
       spdlog::warn("baselines of a task could not be measured: {}", (*f)["detail"].get<std::string>());
@@ -300,6 +323,7 @@ json Run::report(double secs) {
   summary["tasks_without_solution"] = without;
   summary["unmatched_solutions"] = unmatched;
   summary["baselines_reused"] = reused;
+  summary["resumed"] = resumed;
   json options = {{"tasks", fs::absolute(o.tasks).string()}, {"solutions", fs::absolute(o.solutions).string()},
                   {"device", device}, {"device_name", worker_info.value("device_name", device)},
                   {"torch", worker_info.value("torch", "")}, {"policy", o.policy}, {"trials", o.trials},
@@ -342,11 +366,20 @@ std::string baseline_key(const json& info, const std::string& device, const Eval
                      o.trials, o.budget_s);
 }
 
-json evaluate(const EvalOptions& o) {
-  auto t0 = std::chrono::steady_clock::now();
-  OPFORGE_CHECK(o.policy == "strict" || o.policy == "torch-allowed", "--policy must be strict or torch-allowed, not {}",
-                o.policy);
-  Run run(o);
+namespace {
+
+// Everything a journal row depends on besides its task and files (journal.h).
+std::string fingerprint(const Run& r) {
+  const EvalOptions& o = r.o;
+  json f = {{"judge", kJudgeVersion}, {"device_key", r.device_key}, {"sandbox", r.launch.profile},
+            {"policy", o.policy}, {"correct_trials", o.correct_trials}, {"atol", o.atol}, {"rtol", o.rtol},
+            {"timeout_s", o.timeout_s}, {"compile_timeout_s", o.compile_timeout_s}};
+  return xxh3_hex(f.dump());
+}
+
+// Tasks, solutions, --out, the cache, the device and the sandbox: what every phase needs.
+void prepare(Run& run) {
+  const EvalOptions& o = run.o;
   run.tasks = with_context("while reading --tasks", [&] { return load_tasks(o.tasks); });
   OPFORGE_CHECK(!run.tasks.empty(), "--tasks {} holds no task", o.tasks.string());
   run.match();
@@ -362,26 +395,46 @@ json evaluate(const EvalOptions& o) {
   if (run.device == "auto") run.device = run.gpu_ids.empty() ? "cpu" : "cuda";
   OPFORGE_CHECK(run.device != "cuda" || !run.gpu_ids.empty(),
                 "--device cuda, but no NVIDIA GPU is visible (no /dev/nvidia*, or CUDA_VISIBLE_DEVICES hides them)");
-  run.seed = o.seed ? *o.seed : std::random_device{}() % 1000000007ULL;
   run.launch = choose_launch(o, run.device);
-  run.build();
+}
 
+void draw_plot(WorkerPool& pool, const json& report, const fs::path& out) {
+  WorkerResult r = pool.call({{"op", "eval_plots"}, {"args", {{"report", report}, {"out_path", fs::absolute(out / "report.png").string()}}}});
+  if (r.outcome != Outcome::ok || !r.reply.value("ok", false))
+    spdlog::warn("the plot was not drawn (matplotlib missing?): {}{}", r.reason, r.reply.value("message", ""));
+}
+
+}  // namespace
+
+json evaluate(const EvalOptions& o) {
+  auto t0 = std::chrono::steady_clock::now();
+  OPFORGE_CHECK(o.policy == "strict" || o.policy == "torch-allowed", "--policy must be strict or torch-allowed, not {}",
+                o.policy);
+  Run run(o);
+  prepare(run);
+  // The judge workers start first: the device they report is part of what a journal row is
+  // reused under, and resuming decides what still has to be built.
   int n = o.workers > 0 ? o.workers : (run.device == "cuda" ? static_cast<int>(run.gpu_ids.size()) : 1);
   WorkerPool pool(run.pool_options(std::min<int>(n, std::max<int>(1, static_cast<int>(run.jobs.size()))), o.timeout_s));
   WorkerResult ping = pool.call({{"op", "ping"}});
   OPFORGE_CHECK(ping.outcome == Outcome::ok, "a judge worker did not start: {}", ping.reason);
   run.worker_info = pool.worker_info();
   run.device_key = baseline_key(run.worker_info, run.device, o);
+  Journal journal(run.out, fingerprint(run), o.seed, std::random_device{}() % 1000000007ULL, o.fresh);
+  run.seed = journal.seed();
+  run.resume(journal);
+  run.build();
   run.evaluate(pool);
   run.baselines(pool);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   json report = run.report(secs);
+  json session = {{"seconds", secs}, {"judged", static_cast<long>(run.jobs.size()) - run.resumed},
+                  {"resumed", run.resumed}};
+  journal.end_session(session);
+  report["sessions"] = journal.sessions();
+  report["sessions"].push_back(session);
   write_report(report, run.out);
-  if (o.plots) {
-    WorkerResult r = pool.call({{"op", "eval_plots"}, {"args", {{"report", report}, {"out_path", fs::absolute(run.out / "report.png").string()}}}});
-    if (r.outcome != Outcome::ok || !r.reply.value("ok", false))
-      spdlog::warn("the plot was not drawn (matplotlib missing?): {}{}", r.reason, r.reply.value("message", ""));
-  }
+  if (o.plots) draw_plot(pool, report, run.out);
   return report;
 }
 

@@ -10,8 +10,9 @@
 // (docs/architecture.md, "The judge"). Results are values with reasons (docs/reasons.md), never
 // exceptions.
 //
-// Writes into `out`: report.json, report.md, report.png (unless plots are off) and work/<key>/,
-// the copy of each solution's own files it ran from.
+// Writes into `out`: report.json, report.md, report.png (unless plots are off), work/<key>/ (the
+// copy of each solution's own files it ran from) and journal.jsonl, each verdict as it comes: run
+// again on the same `out`, it judges only what is missing or changed (evaluator/journal.h).
 // Errors: a missing --tasks or --solutions, no task at all, or an unwritable --out throws
 // opforge::Error saying what to fix. Thread safety: one evaluation per call; not reentrant.
 #pragma once
@@ -66,6 +67,7 @@ struct EvalOptions {
   bool require_sandbox = false;     // fail instead of running solutions unsandboxed
   std::size_t child_memory_mb = 0;  // memory limit of one solution's sandbox (cgroup); 0: none
   bool plots = true;
+  bool fresh = false;               // judge every solution, ignoring <out>/journal.jsonl
 };
 
 // CUDA Agent reward: -1 not correct; 1 correct; 2 more than `margin` faster than eager only;

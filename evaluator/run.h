@@ -12,6 +12,7 @@
 
 #include "evaluator.h"
 #include "internal.h"
+#include "journal.h"
 #include "opforge/core/worker_pool.h"
 
 namespace opforge::evaluator {
@@ -76,6 +77,7 @@ struct Job {
   std::string entry;
   json row = json::object();
   bool done = false;
+  std::string digest;  // journal key (journal.h); empty when the run keeps no journal
 };
 
 struct Run {
@@ -92,9 +94,17 @@ struct Run {
   json worker_info = json::object();
   std::string device_key;
   std::map<std::string, json> base;  // baselines by xxh3 of the task code
+  Journal* journal = nullptr;         // opforge eval's; serve keeps none
+  long resumed = 0;                   // jobs whose verdict came from the journal
 
   explicit Run(const EvalOptions& opts) : o(opts) {}
   void match();
+  // Jobs with a verdict in the journal are done with it; the rest are keyed for it.
+  void resume(Journal& j);
+  void record(const Job& j);  // into the journal, when there is one
+  void mark(const char* phase, std::size_t jobs) {
+    if (journal) journal->mark(phase, jobs);
+  }
   WorkerPoolOptions pool_options(int workers, double timeout_s) const;
   // Phase 1 in `pool` (compile workers), or in a pool of its own sized to the jobs when null.
   void build(WorkerPool* pool = nullptr);

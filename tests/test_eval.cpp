@@ -39,7 +39,8 @@ EvalRun run_eval(const fs::path& tasks, const fs::path& solutions, const fs::pat
                  std::vector<std::string> extra = {}) {
   std::vector<std::string> args = {"eval", "--tasks", tasks.string(), "--solutions", solutions.string(), "--out",
                                    out.string(), "--cache-dir", test::eval_cache_dir().string(), "--device", "cpu",
-                                   "--trials", "10", "--budget-s", "2", "--compile-workers", "2", "--seed", "7"};
+                                   "--trials", "10", "--budget-s", "2", "--compile-workers", "2"};
+  if (std::find(extra.begin(), extra.end(), "--seed") == extra.end()) extra.insert(extra.end(), {"--seed", "7"});
   args.insert(args.end(), extra.begin(), extra.end());
   EvalRun r;
   r.cmd = test::run_opforge(args);
@@ -159,6 +160,80 @@ TEST(Eval, CpuSolutionEarnsItsRewardAndBaselinesAreCachedPerTaskCode) {
   EXPECT_EQ(r2["compile_ms"], r["compile_ms"]);
   EXPECT_EQ(second.report["summary"]["baselines_reused"], 1);
   EXPECT_FALSE(fs::exists(dir / "out2" / "report.png"));
+}
+
+namespace {
+
+std::vector<std::string> lines_of(const fs::path& p) {
+  std::vector<std::string> v;
+  std::istringstream in(test::read_file(p));
+  for (std::string l; std::getline(in, l);) v.push_back(l);
+  return v;
+}
+
+}  // namespace
+
+TEST(Eval, ARunStartedAgainOnItsOutJudgesOnlyWhatIsMissingOrChanged) {
+  // A run killed after one verdict (its journal's next line cut short) is started again: the
+  // verdict it had is reused as it was, the cut one judged again; a changed file, another seed or
+  // --fresh judge again.
+  test::TempDir dir;
+  fs::create_directories(dir / "tasks");
+  for (auto* t : {"linear_relu", "softmax_sum"})
+    fs::copy_file(eval_fixtures() / "tasks" / (std::string(t) + ".py"), dir / "tasks" / (std::string(t) + ".py"));
+  fs::create_directories(dir / "sols");
+  fs::copy(eval_fixtures() / "agent_solutions" / "linear_relu", dir / "sols" / "linear_relu", fs::copy_options::recursive);
+  fs::copy_file(eval_fixtures() / "honest" / "softmax_sum_fused.py", dir / "sols" / "softmax_sum.py");
+  auto first = run_eval(dir / "tasks", dir / "sols", dir / "out", {"--no-plots"});
+  ASSERT_EQ(first.cmd.exit_code, 0) << first.cmd.err;
+  ASSERT_EQ(first.by_solution.size(), 2u);
+  for (auto& [k, row] : first.by_solution) ASSERT_GE(row["reward"].get<int>(), 1) << row.dump(2);
+  EXPECT_EQ(first.report["summary"]["resumed"], 0);
+  auto lines = lines_of(dir / "out" / "journal.jsonl");
+  std::vector<std::size_t> verdicts;
+  for (std::size_t i = 0; i < lines.size(); ++i)
+    if (json::parse(lines[i]).contains("key")) verdicts.push_back(i);
+  ASSERT_EQ(verdicts.size(), 2u) << test::read_file(dir / "out" / "journal.jsonl");
+  EXPECT_EQ(json::parse(lines[0])["seed"], 7);
+  EXPECT_TRUE(json::parse(lines.back()).contains("session"));
+  EXPECT_EQ(json::parse(lines[verdicts[0] - 1])["phase"], "evaluate") << "a phase's start is marked for its rate";
+
+  // As a kill leaves it: the second verdict half written, nothing after it.
+  std::string kept = json::parse(lines[verdicts[0]])["solution"];
+  std::string cut = kept == "linear_relu" ? "softmax_sum" : "linear_relu";
+  std::string journal;
+  for (std::size_t i = 0; i < verdicts[1]; ++i) journal += lines[i] + "\n";
+  test::write_file(dir / "out" / "journal.jsonl", journal + lines[verdicts[1]].substr(0, 40));
+  auto second = run_eval(dir / "tasks", dir / "sols", dir / "out", {"--no-plots"});
+  ASSERT_EQ(second.cmd.exit_code, 0) << second.cmd.err;
+  EXPECT_NE(second.cmd.err.find("cut short"), std::string::npos) << second.cmd.err;
+  EXPECT_EQ(second.report["summary"]["resumed"], 1);
+  EXPECT_EQ(second.by_solution[kept]["candidate_ms"], first.by_solution[kept]["candidate_ms"]) << "reused as it was";
+  EXPECT_EQ(second.by_solution[kept]["reward"], first.by_solution[kept]["reward"]);
+  EXPECT_GE(second.by_solution[cut]["reward"].get<int>(), 1) << second.by_solution[cut].dump(2);
+  EXPECT_FALSE(fs::exists(dir / "out" / "work" / kept)) << "a resumed solution is neither copied nor built";
+  EXPECT_TRUE(fs::exists(dir / "out" / "work" / cut));
+  ASSERT_EQ(second.report["sessions"].size(), 1u) << "the killed run ended no session";
+  EXPECT_EQ(second.report["sessions"][0]["judged"], 1);
+  for (auto& l : lines_of(dir / "out" / "journal.jsonl")) EXPECT_FALSE(json::parse(l, nullptr, false).is_discarded()) << l;
+
+  // A comment in the folder solution's model_new.py is a change: that one alone is judged again.
+  std::ofstream(dir / "sols" / "linear_relu" / "model_new.py", std::ios::app) << "\n# edited\n";
+  auto third = run_eval(dir / "tasks", dir / "sols", dir / "out", {"--no-plots"});
+  ASSERT_EQ(third.cmd.exit_code, 0) << third.cmd.err;
+  EXPECT_EQ(third.report["summary"]["resumed"], 1);
+  EXPECT_EQ(third.by_solution["softmax_sum"]["candidate_ms"], second.by_solution["softmax_sum"]["candidate_ms"]);
+  EXPECT_TRUE(fs::exists(dir / "out" / "work" / "linear_relu"));
+  EXPECT_EQ(third.report["sessions"].size(), 2u);
+
+  fs::remove_all(dir / "sols" / "linear_relu");
+  for (auto extra : std::vector<std::vector<std::string>>{{"--seed", "8"}, {"--fresh"}}) {
+    extra.push_back("--no-plots");
+    auto again = run_eval(dir / "tasks", dir / "sols", dir / "out", extra);
+    ASSERT_EQ(again.cmd.exit_code, 0) << again.cmd.err;
+    EXPECT_EQ(again.report["summary"]["resumed"], 0) << extra[0];
+    EXPECT_EQ(again.report["sessions"].size(), 1u) << extra[0] << ": a journal of its own";
+  }
 }
 
 TEST(Eval, BaselinesAreTakenForACorrectSolutionWhenTheSolutionChosenToMeasureThemFails) {
