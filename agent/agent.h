@@ -39,6 +39,25 @@ struct AgentOptions {
 // Runs every task's episode that episodes.jsonl does not hold yet; returns the summary.
 nlohmann::json run_agent(const AgentOptions& o);
 
+// The records of RUN/episodes.jsonl (or errors.jsonl): a line cut short by a kill is dropped.
+std::vector<nlohmann::json> read_records(const std::filesystem::path& file);
+
+// opforge agent sft: the rejection-sampling fine-tuning set of CUDA Agent from a run's records.
+struct SftOptions {
+  std::filesystem::path trajectories;  // an opforge agent --out
+  std::filesystem::path out;           // the JSONL file; the parquet beside it unless `parquet` is set
+  std::filesystem::path parquet;
+  int min_reward = 1;                  // as first measured, in the record
+  long max_failed_calls = -1;          // tool calls the loop refused (bad tool, arguments, path, limit); -1: any
+  std::string device = "auto";         // of the judge that judges each kept solution again
+  std::vector<std::string> judge_args;
+};
+// Keeps the episodes whose reward was >= min_reward with no flag, and whose final files a fresh
+// judge finds correct again with no flag; writes them as chat records (agent/README.md, "The SFT
+// set"). Returns the tally: episodes, kept, dropped by reason. Throws opforge::Error when RUN is
+// not a run folder, or when the judge fails (the environment's failure: nothing is written).
+nlohmann::json build_sft(const SftOptions& o);
+
 // The summary of episode records: pass rate, reward histogram, turns, tokens, endings, reasons.
 nlohmann::json summarize_episodes(const std::vector<nlohmann::json>& records);
 std::string summary_markdown(const nlohmann::json& summary);

@@ -114,12 +114,8 @@ json final_row(const EpisodeTask& t, const JudgeClient& judge, const json& files
     return {{"reward", -1}, {"correct", false}, {"reason", "protected_files_changed"},
             {"detail", fmt::format("changed: {}; a folder whose protected files changed is not judged",
                                    fmt::join(changed, ", "))}};
-  json row;
-  for (int k = 0; k < 3; ++k) {
-    row = judge.evaluate(t.task_id, files);
-    if (!row.value("retryable", false)) return row;
-    std::this_thread::sleep_for(std::chrono::seconds(2 << k));
-  }
+  json row = judge.evaluate_settled(t.task_id, files);
+  if (!row.value("retryable", false)) return row;
   throw EpisodeAborted("judge_" + row.value("reason", std::string("failed")), row.value("detail", std::string()));
 }
 

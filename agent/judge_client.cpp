@@ -73,4 +73,14 @@ json JudgeClient::evaluate(const std::string& task_id, const json& files) const 
   return environment_failure(fmt::format("judge_http_{}", a.status), a.body.substr(0, 2000));
 }
 
+json JudgeClient::evaluate_settled(const std::string& task_id, const json& files, int rounds) const {
+  json row;
+  for (int k = 0; k < rounds; ++k) {
+    if (k > 0) std::this_thread::sleep_for(std::chrono::seconds(1 << k));
+    row = evaluate(task_id, files);
+    if (!row.value("retryable", false)) break;
+  }
+  return row;
+}
+
 }  // namespace opforge::agent

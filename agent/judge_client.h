@@ -18,6 +18,9 @@ struct JudgeClient {
   int attempts = 6;         // on 429 (queue full) and network errors, with back-off
 
   nlohmann::json evaluate(const std::string& task_id, const nlohmann::json& files) const;
+  // evaluate() again, after 2, 4, 8 s, while the row is `retryable` (up to `rounds` in all); the
+  // last row, retryable or not.
+  nlohmann::json evaluate_settled(const std::string& task_id, const nlohmann::json& files, int rounds = 3) const;
 };
 
 }  // namespace opforge::agent

@@ -27,8 +27,6 @@ using nlohmann::json;
 
 namespace opforge::agent {
 
-namespace {
-
 std::vector<json> read_records(const fs::path& p) {
   std::vector<json> out;
   if (!fs::exists(p)) return out;
@@ -39,6 +37,8 @@ std::vector<json> read_records(const fs::path& p) {
   }
   return out;
 }
+
+namespace {
 
 // The folders of work/: exported once, then kept (a resumed run's finished folders are its results).
 std::vector<EpisodeTask> prepare(const AgentOptions& o, const fs::path& work) {

@@ -7,6 +7,39 @@
 
 namespace opforge::cli {
 
+namespace {
+
+CLI::App* add_agent_sft(CLI::App& agent, Runner& run) {
+  auto* cmd = agent.add_subcommand(
+      "sft",
+      "The rejection-sampling fine-tuning set of CUDA Agent from a run's records: episodes whose reward was at least "
+      "--min-reward with no flag, whose final files a fresh strict judge finds correct again with no flag, as chat "
+      "records (OpenAI messages with tool_calls and tool answers, and the tools) in JSONL and parquet. Prints the "
+      "tally as JSON.");
+  auto o = std::make_shared<agent::SftOptions>();
+  cmd->add_option("--trajectories", o->trajectories, "An opforge agent --out (episodes.jsonl, work/)")->required();
+  cmd->add_option("-o,--out", o->out, "The JSONL file (written anew)")->required();
+  cmd->add_option("--parquet", o->parquet, "The parquet file (default: --out with .parquet)");
+  cmd->add_option("--min-reward", o->min_reward, "Least reward, as first measured")->capture_default_str()
+      ->check(CLI::Range(-1, 3));
+  cmd->add_option("--max-failed-calls", o->max_failed_calls,
+                  "Most tool calls the loop refused (unknown tool, bad arguments, refused path, past the limit); -1: "
+                  "any")
+      ->capture_default_str();
+  cmd->add_option("--device", o->device, "The judge's device: auto, cpu or cuda")->capture_default_str();
+  cmd->add_option("--judge-arg", o->judge_args, "An option for the opforge serve started here (repeat)");
+  cmd->callback([&run, o] {
+    run = [o] {
+      auto tally = agent::build_sft(*o);
+      std::cout << tally.dump(2) << "\n";
+      return 0;
+    };
+  });
+  return cmd;
+}
+
+}  // namespace
+
 void add_agent(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand(
       "agent",
@@ -17,10 +50,10 @@ void add_agent(CLI::App& app, Runner& run) {
       "OUT/summary.{json,md,png}; a killed run resumes without re-running finished episodes. Prints summary.md.");
   auto o = std::make_shared<agent::AgentOptions>();
   o->llm.key_env = "OPENAI_API_KEY";
-  cmd->add_option("--tasks", o->tasks, "Shards, a workspace or a folder of .py tasks (as eval)")->required();
-  cmd->add_option("-o,--out", o->out, "Run folder (created; an earlier run's folder resumes)")->required();
-  cmd->add_option("--llm-url", o->llm.url, "OpenAI-compatible endpoint, e.g. http://localhost:8000/v1")->required();
-  cmd->add_option("--llm-model", o->llm.model, "Model name sent to the endpoint")->required();
+  cmd->add_option("--tasks", o->tasks, "Shards, a workspace or a folder of .py tasks (as eval)");
+  cmd->add_option("-o,--out", o->out, "Run folder (created; an earlier run's folder resumes)");
+  cmd->add_option("--llm-url", o->llm.url, "OpenAI-compatible endpoint, e.g. http://localhost:8000/v1");
+  cmd->add_option("--llm-model", o->llm.model, "Model name sent to the endpoint");
   cmd->add_option("--llm-key-env", o->llm.key_env, "Environment variable holding the API key (never logged)")
       ->capture_default_str();
   cmd->add_option("--llm-timeout-s", o->llm.timeout_s, "Per-request time limit")->capture_default_str();
@@ -42,7 +75,12 @@ void add_agent(CLI::App& app, Runner& run) {
   cmd->add_option("--judge-arg", o->judge_args, "An option for the opforge serve started here (repeat; e.g. "
                                                 "--judge-arg=--trials --judge-arg=20)");
   cmd->add_flag("--no-sandbox", o->no_sandbox, "Run bash without bubblewrap (only where it cannot run)");
-  cmd->callback([&run, o] {
+  auto* sft = add_agent_sft(*cmd, run);
+  cmd->callback([&run, o, cmd, sft] {
+    if (*sft) return;  // `agent sft` set the job
+    for (auto* name : {"--tasks", "--out", "--llm-url", "--llm-model"})
+      if (cmd->get_option(name)->count() == 0)
+        throw CLI::RequiredError(std::string(name) + " (opforge agent --help; opforge agent sft --help for the SFT set)");
     run = [o] {
       o->data_dir = data_dir();
       auto s = agent::run_agent(*o);
