@@ -142,9 +142,52 @@ json tool_log(const json& ep, const std::string& id) {
   return json();
 }
 
+std::vector<std::string> sft_args(const fs::path& run, const fs::path& out, std::vector<std::string> extra = {}) {
+  std::vector<std::string> a = {"agent", "sft", "--trajectories", run.string(), "--out", out.string(), "--device", "cpu",
+                                "--judge-arg=--cache-dir", "--judge-arg=" + test::eval_cache_dir().string(),
+                                "--judge-arg=--trials", "--judge-arg=5", "--judge-arg=--budget-s", "--judge-arg=1"};
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+// The SFT set of a finished run: the honest episode is kept after a judgement of its own; the
+// two at -1 are not; a record whose files were swapped for a hack afterwards (its reward still
+// claiming 2) is judged again and dropped. TRL's SFTTrainer reads the parquet and trains a step.
+void check_sft(const fs::path& d, const json& honest) {
+  json forged = honest;
+  forged["reward"] = 2;
+  forged["files"] = {{"model_new.py", test::read_file(test::fixtures() / "eval" / "hacks" / "returns_input.py")}};
+  std::ofstream(d / "out" / "episodes.jsonl", std::ios::app) << forged.dump() << "\n";
+  auto r = test::run_opforge(sft_args(d / "out", d / "sft" / "rft.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json tally = json::parse(r.out);
+  EXPECT_EQ(tally["episodes"], 4);
+  EXPECT_EQ(tally["kept"], 1) << tally.dump();
+  EXPECT_EQ(tally["dropped"]["below_min_reward"], 2) << tally.dump();
+  long rejudged = 0;  // the hack's file in a folder's model_new.py does not build there: compile_error
+  for (auto& [why, n] : tally["dropped"].items()) rejudged += why.rfind("rejudged_", 0) == 0 ? n.get<long>() : 0;
+  EXPECT_EQ(rejudged, 1) << "the swapped files were judged, not the claim: " << tally.dump();
+  json rec = json::parse(test::read_file(d / "sft" / "rft.jsonl"));
+  EXPECT_EQ(rec["task"], "linear_relu");
+  EXPECT_GE(rec["rejudged_reward"].get<int>(), 1);
+  EXPECT_EQ(rec["tools"].size(), 4u);
+  EXPECT_EQ(rec["messages"].back()["role"], "assistant") << "the record ends on the model's turn";
+  EXPECT_EQ(rec["messages"].size() + 1, honest["messages"].size()) << "only the answer to submit is cut";
+  ASSERT_TRUE(fs::exists(d / "sft" / "rft.parquet"));
+  auto [rc, out] = test::shell(test::python_bin().string() + " " +
+                               (test::fixtures().parent_path() / "python" / "sft_check.py").string() + " " +
+                               (d / "sft" / "rft.parquet").string() + " " + (d / "sft" / "trl").string() + " 2>&1");
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("{\"rows\": 1, \"steps\": 1, \"rendered\": true"), std::string::npos) << out;
+  // The episode's refused calls (unknown tool, bad arguments, a hung command) can rule it out.
+  auto strict = test::run_opforge(sft_args(d / "out", d / "sft" / "strict.jsonl", {"--max-failed-calls", "0"}));
+  ASSERT_EQ(strict.exit_code, 0) << strict.err;
+  EXPECT_EQ(json::parse(strict.out)["dropped"]["failed_calls"], 2) << strict.out;
+}
+
 }  // namespace
 
-TEST(Agent, ScriptedEpisodesEarnTheJudgesRewardThroughFaultsAndAKilledRunResumes) {
+TEST(Agent, ScriptedEpisodesEarnTheJudgesRewardThroughFaultsAKilledRunResumesAndTheSftSetIsJudgedAgain) {
   test::TempDir d;
   fs::create_directories(d / "tasks");
   for (auto t : {"linear_relu", "softmax_sum", "mean_degenerate"})
@@ -203,4 +246,5 @@ TEST(Agent, ScriptedEpisodesEarnTheJudgesRewardThroughFaultsAndAKilledRunResumes
   json sum = json::parse(test::read_file(d / "out" / "summary.json"));
   EXPECT_EQ(sum["episodes"], 3);
   EXPECT_NE(r.out.find("| episodes | 3 |"), std::string::npos) << r.out;
+  check_sft(d.path(), eps["linear_relu"]);
 }
