@@ -2,7 +2,8 @@
 (stdlib http.server; the LLM is the one outside service we cannot reach there) plays the model's
 turns on tasks/gemm_epilogue: read model.py, write the released-layout solution's files, run
 utils/compile.sh, verification.py and profiling.py through the judge, submit. The judge is the
-opforge serve the agent starts on the GPU.
+opforge serve the agent starts on the GPU. Then `opforge agent sft` on the run: the episode's
+files judged again by a judge of its own, the record written as the SFT set.
     python3 bench/agent_gpu.py OPFORGE OUT_DIR [AGENT_OPTION...]   (from the repo root; exit 1 when reward < 1)
 AGENT_DEVICE=cpu runs the same episode's pipeline on a machine without a GPU (the reward is then -1)."""
 import json
@@ -75,7 +76,24 @@ def main(opforge, out):
     print(f"episode: ended {ep['ended']}, {ep['turns']} turns, {ep['seconds']:.1f} s; final reward {ep['reward']} "
           f"({fin.get('reason')}), candidate {fin.get('candidate_ms')} ms, eager {fin.get('eager_ms')}, "
           f"compile {fin.get('compile_ms')}, sandbox {fin.get('sandbox')}, judge {fin.get('judge')}")
-    return 0 if rc == 0 and (ep["reward"] or -1) >= 1 else 1
+    return sft(opforge, out) if rc == 0 and (ep["reward"] or -1) >= 1 else 1
+
+
+def sft(opforge, out):
+    """The episode's record through `opforge agent sft`: its files judged again on the GPU."""
+    t0 = time.time()
+    res = subprocess.run([opforge, "agent", "sft", "--trajectories", os.path.join(out, "run"), "--out",
+                          os.path.join(out, "run", "sft", "rft.jsonl"), "--device", os.environ.get("AGENT_DEVICE", "cuda")],
+                         stdout=subprocess.PIPE, text=True)
+    print(f"== opforge agent sft: rc {res.returncode}, {time.time() - t0:.1f} s\n{res.stdout}")
+    if res.returncode != 0:
+        return 1
+    with open(os.path.join(out, "run", "sft", "rft.jsonl")) as f:
+        recs = [json.loads(x) for x in f]
+    for r in recs:
+        print(f"sft record: {r['task']}, {len(r['messages'])} messages, reward {r['reward']}, "
+              f"judged again {r['rejudged_reward']}")
+    return 0 if len(recs) == 1 and recs[0]["rejudged_reward"] >= 1 else 1
 
 
 if __name__ == "__main__":

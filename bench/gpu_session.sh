@@ -87,7 +87,8 @@ case $step in
     rm -rf /tmp/agt
     CUDA_VISIBLE_DEVICES=0 timeout "${AGENT_TIMEOUT:-420}" $P bench/agent_gpu.py "$B" /tmp/agt > "$OUT/agent.txt" 2>&1
     echo "agent bench rc $?" >> "$OUT/agent.txt"
-    tar czf "$OUT/agent.tgz" -C /tmp/agt/run summary.json summary.md summary.png episodes.jsonl judge/serve.log 2> /dev/null
+    tar czf "$OUT/agent.tgz" -C /tmp/agt/run summary.json summary.md summary.png episodes.jsonl judge/serve.log \
+      sft/rft.jsonl sft/rft.parquet sft/judge/serve.log 2> /dev/null
     tail -40 "$OUT/agent.txt"
     ;;
   serve)
