@@ -371,7 +371,10 @@ namespace {
 // Everything a journal row depends on besides its task and files (journal.h).
 std::string fingerprint(const Run& r) {
   const EvalOptions& o = r.o;
-  json f = {{"judge", kJudgeVersion}, {"device_key", r.device_key}, {"sandbox", r.launch.profile},
+  // The sandbox's profile without its parenthesised details: they name this process's cgroup,
+  // which differs between two runs on one machine (on the H200 a resumed run judged all anew).
+  std::string sandbox = r.launch.profile.substr(0, r.launch.profile.find(" ("));
+  json f = {{"judge", kJudgeVersion}, {"device_key", r.device_key}, {"sandbox", sandbox},
             {"policy", o.policy}, {"correct_trials", o.correct_trials}, {"atol", o.atol}, {"rtol", o.rtol},
             {"timeout_s", o.timeout_s}, {"compile_timeout_s", o.compile_timeout_s}};
   return xxh3_hex(f.dump());

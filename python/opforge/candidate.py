@@ -563,10 +563,13 @@ def main(fd):
 
     from opforge import eval_guard, task  # noqa: F401
 
-    # The profiler's first session in a process costs ~2 s (Kineto starting up): paid here, in a
-    # child not yet handed a solution (the GPU's is pre-started), not in a solution's first check.
-    with _cpu_profiler():
-        pass
+    # The profiler's first session in a process costs ~2 s on a CPU machine (Kineto starting up):
+    # paid here there, not in a solution's first check. Not on the GPU: on the H200 it made a
+    # child's start 10-13 s instead of 4-5 s, longer than an evaluation, so the spare child was
+    # not ready when the next solution came (dispatch 8-13 s, docs/gpu.md, thirteenth session).
+    if not os.environ.get("OPFORGE_CHILD_DEVICE", "").startswith("cuda"):
+        with _cpu_profiler():
+            pass
     # On the GPU the next request follows within microseconds during timing; polling a little
     # before sleeping keeps the wake-up out of the timed calls (bench/crossing.py).
     # A request may say how long to poll for the next one (the judge's timed batches, whose

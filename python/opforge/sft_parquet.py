@@ -1,13 +1,18 @@
 """`opforge agent sft`'s parquet: its JSONL records in the columns TRL's SFTTrainer and verl's
-MultiTurnSFTDataset read (`messages`, `tools`).
+MultiTurnSFTDataset read (`messages`, and `tools` for TRL, `verl_tools` for verl).
 
 `messages` are OpenAI chat messages with one schema for every role: `role`, `content`,
 `tool_calls` (id, type, function {name, arguments}: the arguments as the JSON text the model
 wrote, as the OpenAI API carries them; chat templates print a string as it is) and `tool_call_id`.
 `tools` is the tools' JSON schema as JSON text: the tools' parameters differ, and a parquet struct
-would give every tool the others' parameters as nulls (TRL reads JSON text; see agent/README.md
-for verl). The rest: `task_id`, `task`, `reward` (as first measured), `rejudged_reward`, `turns`,
-`solution_hash`.
+gives every tool the others' parameters as nulls; TRL's SFTTrainer reads the text (json.loads).
+`verl_tools` is the same list as that struct, for verl: its MultiTurnSFTDataset hands its column
+to apply_chat_template as it is, which takes only a list of dicts (JSON text raises "Tools should
+either be a JSON schema..."), so point verl's `data.tools_key` at `verl_tools`. Each tool there
+carries the other tools' parameter names as null properties (`"path": null` under bash): the
+least bad a parquet can do, since it has no type for dicts with differing keys; dropping the null
+properties gives the schema back exactly. The rest: `task_id`, `task`, `reward` (as first
+measured), `rejudged_reward`, `turns`, `solution_hash`.
 
     python -m opforge.sft_parquet IN.jsonl OUT.parquet
 """
@@ -41,14 +46,21 @@ def message(m):
 
 def row(rec):
     return {"messages": [message(m) for m in rec["messages"]], "tools": json.dumps(rec["tools"]),
-            **{k: rec.get(k) for k in ("task_id", "task", "reward", "rejudged_reward", "turns", "solution_hash")}}
+            **{k: rec.get(k) for k in ("task_id", "task", "reward", "rejudged_reward", "turns", "solution_hash")},
+            "verl_tools": rec["tools"]}
+
+
+def schema(recs):
+    """SCHEMA and `verl_tools`, typed by pyarrow from the records' tools: one struct holding every
+    tool's keys (in the order first seen, so the same records give the same bytes)."""
+    return SCHEMA.append(pa.field("verl_tools", pa.array([r["tools"] for r in recs] or [[]]).type))
 
 
 def main(src, dst):
     with open(src) as f:
-        rows = [row(json.loads(line)) for line in f if line.strip()]
-    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), dst)
-    print(f"sft_parquet: {len(rows)} record(s) in {dst}", file=sys.stderr)
+        recs = [json.loads(line) for line in f if line.strip()]
+    pq.write_table(pa.Table.from_pylist([row(r) for r in recs], schema=schema(recs)), dst)
+    print(f"sft_parquet: {len(recs)} record(s) in {dst}", file=sys.stderr)
     return 0
 
 
