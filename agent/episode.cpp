@@ -108,7 +108,9 @@ llm::LlmResponse ask(llm::LlmClient& llm, const State& s) {
 
 }  // namespace
 
-json final_row(const EpisodeTask& t, const JudgeClient& judge, const json& files) {
+json final_row(const EpisodeTask& t, const JudgeClient& judge, const SolutionFiles& sol) {
+  if (!sol.problem.empty()) return {{"reward", -1}, {"correct", false}, {"reason", "bad_submission"}, {"detail", sol.problem}};
+  const json& files = sol.files;
   auto changed = changed_protected(t.work, t.folder);
   if (!changed.empty())
     return {{"reward", -1}, {"correct", false}, {"reason", "protected_files_changed"},
@@ -136,12 +138,12 @@ json run_episode(const AgentOptions& o, const EpisodeTask& t, llm::LlmClient& ll
     if (s.tokens.context > o.max_context_tokens) s.ended = "context_budget";
   }
   spdlog::info("episode {}: {} after {} turn(s); judging the folder", t.name, s.ended, s.turns);
-  json files = solution_files(t.work / t.folder);
+  SolutionFiles files = solution_files(t.work / t.folder);
   json row = final_row(t, judge, files);
   return {{"task_id", t.task_id}, {"task", t.name}, {"folder", t.folder}, {"ended", s.ended}, {"turns", s.turns},
           {"tokens", s.tokens.to_json()}, {"reward", row.value("reward", json(nullptr))},
           {"reason", row.value("reason", json(nullptr))}, {"final", row}, {"seconds", since(t0)},
-          {"tool_calls", s.log}, {"messages", s.messages}, {"files", files}};
+          {"tool_calls", s.log}, {"messages", s.messages}, {"files", files.files}};
 }
 
 }  // namespace opforge::agent

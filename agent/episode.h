@@ -29,9 +29,10 @@ struct EpisodeAborted : std::runtime_error {
 nlohmann::json run_episode(const AgentOptions& o, const EpisodeTask& t, llm::LlmClient& llm, const JudgeClient& judge,
                            const ToolContext& tools, const std::string& system_prompt);
 
-// The judge's row on the folder as it is: -1 `protected_files_changed` when a protected file
-// differs from export's copy (not judged), else serve's row (retried while retryable).
-// `files` is the folder's solution_files, read once by the caller (the record keeps them too).
-nlohmann::json final_row(const EpisodeTask& t, const JudgeClient& judge, const nlohmann::json& files);
+// The judge's row on the folder as it is: -1 `bad_submission` when its files could not all be
+// read within the limits, -1 `protected_files_changed` when a protected file differs from
+// export's copy (neither judged), else serve's row (retried while retryable). `sol` is the
+// folder's solution_files, read once by the caller (the record keeps them too).
+nlohmann::json final_row(const EpisodeTask& t, const JudgeClient& judge, const SolutionFiles& sol);
 
 }  // namespace opforge::agent

@@ -138,19 +138,45 @@ ToolOutcome call_tool(const ToolContext& ctx, const std::string& name, const std
   return {"submitted: the judge evaluates your folder now", true, true, json::object()};
 }
 
-json solution_files(const fs::path& folder) {
-  json files = json::object();
-  for (auto it = fs::recursive_directory_iterator(folder); it != fs::recursive_directory_iterator(); ++it) {
-    std::string rel = it->path().lexically_relative(folder).generic_string();
-    std::string name = it->path().filename().string();
-    bool skip_dir = it->is_directory() && (rel == "utils" || name[0] == '.' || name == "__pycache__");
-    if (skip_dir) { it.disable_recursion_pending(); continue; }
-    if (!it->is_regular_file() || it->is_symlink() || rel == "model.py" || rel == "SKILL.md" || name[0] == '.') continue;
-    auto ext = it->path().extension().string();
-    if (ext == ".pyc" || ext == ".so" || ext == ".o") continue;
-    files[rel] = read_text(it->path());
+namespace {
+
+bool skipped_dir(const std::string& rel, const std::string& name) {
+  return rel == "utils" || name[0] == '.' || name == "__pycache__";
+}
+
+bool skipped_file(const fs::directory_entry& e, const std::string& rel, const std::string& name) {
+  if (!e.is_regular_file() || e.is_symlink() || rel == "model.py" || rel == "SKILL.md" || name[0] == '.') return true;
+  auto ext = e.path().extension().string();
+  return ext == ".pyc" || ext == ".so" || ext == ".o";
+}
+
+}  // namespace
+
+SolutionFiles solution_files(const fs::path& folder, std::size_t max_bytes, std::size_t max_files) {
+  SolutionFiles s;
+  std::size_t total = 0;
+  try {
+    auto opts = fs::directory_options::none;  // a folder it cannot enter is an error, said below
+    for (auto it = fs::recursive_directory_iterator(folder, opts); it != fs::recursive_directory_iterator(); ++it) {
+      std::string rel = it->path().lexically_relative(folder).generic_string();
+      std::string name = it->path().filename().string();
+      if (it->is_directory() && !it->is_symlink()) {
+        if (skipped_dir(rel, name)) it.disable_recursion_pending();
+        continue;
+      }
+      if (skipped_file(*it, rel, name)) continue;
+      total += fs::file_size(it->path());  // before reading: a 10 GB file is never read
+      if (total > max_bytes || s.files.size() >= max_files) {
+        s.problem = fmt::format("the folder's solution files pass {} bytes or {} files (at {}): the judge takes "
+                                "no more", max_bytes, max_files, rel);
+        return s;
+      }
+      s.files[rel] = read_text(it->path());
+    }
+  } catch (const std::exception& e) {
+    s.problem = fmt::format("a file of the folder could not be read: {}", e.what());
   }
-  return files;
+  return s;
 }
 
 }  // namespace opforge::agent

@@ -12,7 +12,9 @@
 #include <regex>
 #include <thread>
 
+#include "episode.h"
 #include "test_support.h"
+#include "tools.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -247,4 +249,31 @@ TEST(Agent, ScriptedEpisodesEarnTheJudgesRewardThroughFaultsAKilledRunResumesAnd
   EXPECT_EQ(sum["episodes"], 3);
   EXPECT_NE(r.out.find("| episodes | 3 |"), std::string::npos) << r.out;
   check_sft(d.path(), eps["linear_relu"]);
+}
+
+TEST(Agent, TheFolderIsReadWithinTheJudgesLimitsAndPastThemTheEpisodeGetsMinusOne) {
+  // The agent owns its folder: a huge file or a flood of files must end as the episode's -1
+  // (bad_submission, not judged), never as a run that reads gigabytes or crashes.
+  test::TempDir d;
+  for (auto* f : {"model.py", "SKILL.md", "utils/verification.py", ".hidden", "__pycache__/m.pyc", "kernels/k.o"})
+    test::write_file(d / f, "skipped");
+  test::write_file(d / "model_new.py", "class ModelNew: pass\n");
+  test::write_file(d / "kernels" / "k.cu", "// kernel\n");
+  auto ok = agent::solution_files(d.path());
+  EXPECT_EQ(ok.problem, "");
+  EXPECT_EQ(ok.files, (json{{"model_new.py", "class ModelNew: pass\n"}, {"kernels/k.cu", "// kernel\n"}}));
+
+  test::write_file(d / "kernels" / "big.cu", std::string(2 << 20, 'x'));
+  auto big = agent::solution_files(d.path());
+  EXPECT_NE(big.problem.find("bytes"), std::string::npos) << big.problem;
+  fs::remove(d / "kernels" / "big.cu");
+  for (int i = 0; i < 12; ++i) test::write_file(d / "kernels" / ("k" + std::to_string(i) + ".h"), "//\n");
+  auto many = agent::solution_files(d.path(), 1 << 20, 10);
+  EXPECT_NE(many.problem.find("10 files"), std::string::npos) << many.problem;
+
+  agent::EpisodeTask t{"id", "task", "folder", "code", d.path()};
+  agent::JudgeClient nowhere{"http://127.0.0.1:9", "", 1, 1};
+  json row = agent::final_row(t, nowhere, many);
+  EXPECT_EQ(row["reward"], -1);
+  EXPECT_EQ(row["reason"], "bad_submission") << row.dump();
 }
