@@ -498,7 +498,12 @@ std::optional<std::vector<json>> judge_all(const std::vector<json>& reqs, Engine
       err["status"] = parsed[i].status;
       out.push_back(err);
     } else if (!futs[i]) {
-      out.push_back({{"status", 429}, {"reward", nullptr}, {"retryable", true}, {"reason", "queue_full"}});
+      // The queue filled between room_for and submit (another client's request): the same 429
+      // as too_busy's, Retry-After included, or a client has nothing to wait by.
+      e.stats.count("rejected_queue_full");
+      if (!res.has_header("Retry-After")) res.set_header("Retry-After", "5");
+      out.push_back({{"status", 429}, {"reward", nullptr}, {"retryable", true}, {"reason", "queue_full"},
+                     {"error", "the queue is full; retry after 5 s"}});
     } else {
       out.push_back(futs[i]->get());
     }

@@ -46,7 +46,8 @@ if [ ! -f "$VERL/.complete" ]; then
 fi
 work=$(mktemp -d)
 spids=""
-trap 'for p in $spids; do kill $p 2> /dev/null; wait $p 2> /dev/null; done; rm -rf "$work"' EXIT
+# `|| true`: under set -e a failing kill (a serve that already died) would end the trap before rm.
+trap 'for p in $spids; do kill $p 2> /dev/null || true; wait $p 2> /dev/null || true; done; rm -rf "$work"' EXIT
 fx=tests/fixtures/eval
 # serve TASKS NAME: opforge serve judging TASKS on the CPU, in the background (few trials: the
 # rewards are checked, not the timings); sets $url.
@@ -55,7 +56,7 @@ serve() {
     --trials 5 --budget-s 1 --correct-trials 2 > "$work/$2.out" 2> "$work/$2.err" &
   spids="$spids $!"
   for _ in $(seq 600); do grep -q "listening on" "$work/$2.out" 2> /dev/null && break; sleep 0.2; done
-  url=$(grep -o 'http://[^ ]*' "$work/$2.out" | head -1)
+  url=$(grep -o 'http://[^ ]*' "$work/$2.out" | head -1 || true)  # no match: say so below, not exit here
   [ -n "$url" ] || { log "opforge serve did not start:"; tail -20 "$work/$2.err" >&2; exit 1; }
 }
 serve $fx/tasks state
