@@ -6,14 +6,15 @@
 #   Python 3.11 and pulls flash-attn, deepspeed and ray, so it is installed without its
 #   dependencies, beside the two its client imports (aiohttp, pylatexenc).
 #   verl 0.9.1 (tests/ecosystem/verl_check.py): its RLHFDataset reads `opforge export --format
-#   verl` of a workspace of the fixtures; its agent-loop post-processing and RewardLoopManager (a
-#   ray actor running NaiveRewardManager) score two rollouts with python/opforge_rl/verl.py's
-#   compute_score against opforge serve on that workspace; its MultiTurnSFTDataset reads
-#   opforge.sft_parquet's parquet of an agent sft record. verl pins transformers < 5.11 and pulls
-#   ray[default], wandb, peft, torchdata and more, so verl and each package these imports need that
-#   the project venv lacks (or has at another version: transformers, tokenizers) are installed
-#   without dependencies, each pinned; torch, numpy, pandas, pyarrow, datasets, huggingface-hub,
-#   pydantic and pillow are the venv's (the folder comes first on PYTHONPATH).
+#   verl` of a workspace of the fixtures; its single-turn agent loop (the LLM's answers given) and
+#   RewardLoopManager (a ray actor running NaiveRewardManager) score two rollouts with
+#   python/opforge_rl/verl.py's compute_score against opforge serve on that workspace; its
+#   MultiTurnSFTDataset reads opforge.sft_parquet's parquet of an agent sft record. verl pins
+#   transformers < 5.11 and pulls ray[default], wandb, peft, torchdata and more, so verl and each
+#   package these imports need that the project venv lacks (or has at another version:
+#   transformers, tokenizers) are installed without dependencies, each pinned; torch, numpy,
+#   pandas, pyarrow, datasets, huggingface-hub, pydantic and pillow are the venv's (the folder
+#   comes first on PYTHONPATH).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { echo "[ecosystem] $*" >&2; }
@@ -54,8 +55,13 @@ fx=tests/fixtures/eval
 serve() {
   build/opforge serve --tasks "$1" --device cpu --port 0 --cache-dir build/tests/eval_cache --state-dir "$work/$2" \
     --trials 5 --budget-s 1 --correct-trials 2 > "$work/$2.out" 2> "$work/$2.err" &
-  spids="$spids $!"
-  for _ in $(seq 600); do grep -q "listening on" "$work/$2.out" 2> /dev/null && break; sleep 0.2; done
+  local pid=$!
+  spids="$spids $pid"
+  for _ in $(seq 600); do
+    grep -q "listening on" "$work/$2.out" 2> /dev/null && break
+    kill -0 $pid 2> /dev/null || break  # it exited: its error is in $2.err
+    sleep 0.2
+  done
   url=$(grep -o 'http://[^ ]*' "$work/$2.out" | head -1 || true)  # no match: say so below, not exit here
   [ -n "$url" ] || { log "opforge serve did not start:"; tail -20 "$work/$2.err" >&2; exit 1; }
 }

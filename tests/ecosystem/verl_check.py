@@ -4,9 +4,10 @@ exits 1 with what differed, prints one JSON line.
 - RL: verl's dataset factory (`create_rl_dataset`, so `RLHFDataset`, as its PPO trainer builds it
   from `data.train_files`/`data.val_files` of its own `ppo_trainer` config) loads the train.parquet
   and test.parquet of `opforge export --format verl`, every prompt through the chat template
-  (`filter_overlong_prompts`). The task's row is rolled out twice (`rollout.n` = 2: the honest
-  solution and the hack, each in a fenced block) and post-processed by verl's `AgentLoopWorker`,
-  whose streaming reward hands each trajectory's DataProto to a `RewardLoopWorker` ray actor of
+  (`filter_overlong_prompts`). The task's row is rolled out twice (`rollout.n` = 2) by verl's
+  `SingleTurnAgentLoop`, the LLM server's answers given (the honest solution, the hack, each in a
+  fenced block), and post-processed by verl's `AgentLoopWorker`, whose streaming reward hands
+  each trajectory's DataProto (built by verl's `_compute_score`) to a `RewardLoopWorker` ray actor of
   verl's `RewardLoopManager`; its `NaiveRewardManager` calls `compute_score` of
   python/opforge_rl/verl.py (the `custom_reward_function`) against the running `opforge serve`.
   The trainer's reward tensor (`extract_reward`) must give the honest one >= 1, the hack -1.
