@@ -92,7 +92,7 @@ void Run::match() {
 void Run::resume(Journal& jr) {
   journal = &jr;
   for (auto& j : jobs) {
-    j.digest = solution_digest(tasks[j.task].code, j.sol);
+    j.digest = solution_digest(tasks[j.task].code, j.sol, jr.digest_key());
     if (const json* row = jr.find(j.digest)) {
       j.row = *row;
       j.done = true;

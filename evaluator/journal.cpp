@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <random>
 #include <chrono>
 #include <vector>
 
@@ -29,9 +30,10 @@ double now_s() {
 
 }  // namespace
 
-std::string solution_digest(const std::string& task_code, const SolutionEntry& s) {
+std::string solution_digest(const std::string& task_code, const SolutionEntry& s, std::uint64_t key) {
+  auto keyed = [key](const std::string& x) { return fmt::format("{:016x}", xxh3_64(x, key)); };
   std::string h = "task " + xxh3_hex(task_code) + "\n";
-  if (!s.folder) return xxh3_hex(h + "file " + s.path.filename().string() + "\n" + read_bytes(s.path));
+  if (!s.folder) return keyed(h + "file " + s.path.filename().string() + "\n" + read_bytes(s.path));
   std::vector<fs::path> files;
   for (auto it = fs::recursive_directory_iterator(s.path); it != fs::recursive_directory_iterator(); ++it)
     if (it->is_symlink() || it->is_regular_file()) files.push_back(it->path());
@@ -39,10 +41,10 @@ std::string solution_digest(const std::string& task_code, const SolutionEntry& s
   for (auto& p : files) {
     std::string rel = fs::relative(p, s.path).string();
     // A link is keyed by its target, not followed: the judge refuses links, whatever they point at.
-    std::string body = fs::is_symlink(p) ? "-> " + fs::read_symlink(p).string() : xxh3_hex(read_bytes(p));
+    std::string body = fs::is_symlink(p) ? "-> " + fs::read_symlink(p).string() : keyed(read_bytes(p));
     h += rel + "\n" + body + "\n";
   }
-  return xxh3_hex(h);
+  return keyed(h);
 }
 
 Journal::Journal(const fs::path& out, const std::string& fingerprint, std::optional<std::uint64_t> seed,
@@ -53,13 +55,14 @@ Journal::Journal(const fs::path& out, const std::string& fingerprint, std::optio
     rows_.clear();
     sessions_ = json::array();
     seed_ = seed.value_or(drawn_seed);
+    digest_key_ = std::random_device{}() * 4294967296ULL + std::random_device{}();
   }
   // Written anew from what was read: a line cut short by a kill is gone, not warned about again.
   fs::path tmp = file;
   tmp += ".tmp";
   {
     std::ofstream w(tmp, std::ios::trunc);
-    w << json{{"journal", 1}, {"fingerprint", fingerprint}, {"seed", seed_}}.dump() << "\n";
+    w << json{{"journal", 1}, {"fingerprint", fingerprint}, {"seed", seed_}, {"digest_key", digest_key_}}.dump() << "\n";
     for (auto& l : kept ? good_ : std::vector<std::string>{}) w << l << "\n";
     OPFORGE_CHECK(w.good(), "cannot write the run's journal {}: check that --out is writable", tmp.string());
   }
@@ -77,11 +80,13 @@ bool Journal::load(const fs::path& file, const std::string& fingerprint, std::op
   std::string line;
   if (!std::getline(in, line)) return false;
   json head = json::parse(line, nullptr, false);
-  if (head.is_discarded() || head.value("fingerprint", "") != fingerprint || !head["seed"].is_number_unsigned()) {
+  if (!head.is_object() || head.value("fingerprint", "") != fingerprint || !head["seed"].is_number_unsigned()) {
     spdlog::info("{} is from a run with other options or another judge: judging every solution anew", file.string());
     return false;
   }
   seed_ = head["seed"].get<std::uint64_t>();
+  if (!head["digest_key"].is_number_unsigned()) return false;
+  digest_key_ = head["digest_key"].get<std::uint64_t>();
   if (seed && *seed != seed_) {
     spdlog::info("{} was judged with seed {}, not {}: judging every solution anew", file.string(), seed_, *seed);
     return false;

@@ -2,7 +2,7 @@
 // as soon as it is known, so a run that is killed, or cut by a machine's time limit, resumes where
 // it stopped when it is started again on the same --out. Internal to the evaluator.
 //
-// Lines: a header {"journal": 1, "fingerprint", "seed"}; {"phase", "at", "jobs"} when a phase
+// Lines: a header {"journal": 1, "fingerprint", "seed", "digest_key"}; {"phase", "at", "jobs"} when a phase
 // (build, evaluate, baselines) starts; one {"key", "solution", "at", "row"} per judged solution (the
 // judge's row before baselines are joined); one {"session": {...}} per run that ended. `at` is Unix
 // time in seconds: a killed run's rate is still known from its lines (bench/eval_gpu_report.py).
@@ -29,6 +29,9 @@ class Journal {
   Journal(const std::filesystem::path& out, const std::string& fingerprint, std::optional<std::uint64_t> seed,
           std::uint64_t drawn_seed, bool fresh);
   std::uint64_t seed() const { return seed_; }
+  // The key of solution_digest: drawn with the journal, so a solution cannot be made, ahead of
+  // time, to collide with another's digest (XXH3 is fast, not collision resistant).
+  std::uint64_t digest_key() const { return digest_key_; }
   // The stored row for `key`, or null.
   const nlohmann::json* find(const std::string& key) const;
   void add(const std::string& key, const std::string& solution, const nlohmann::json& row);
@@ -42,12 +45,12 @@ class Journal {
   std::map<std::string, nlohmann::json> rows_;
   std::vector<std::string> good_;  // the lines read that parsed, written back at the start
   nlohmann::json sessions_ = nlohmann::json::array();
-  std::uint64_t seed_ = 0;
+  std::uint64_t seed_ = 0, digest_key_ = 0;
   std::ofstream f_;
 };
 
 // What a journal row is keyed by: the task's code, the entry file and every file of the solution
 // (relative path, link target or bytes), in path order.
-std::string solution_digest(const std::string& task_code, const SolutionEntry& s);
+std::string solution_digest(const std::string& task_code, const SolutionEntry& s, std::uint64_t key);
 
 }  // namespace opforge::evaluator
