@@ -52,8 +52,8 @@ struct SftOptions {
   std::string device = "auto";         // of the judge that judges each kept solution again
   std::vector<std::string> judge_args;
 };
-// Keeps the episodes whose reward was >= min_reward with no flag, and whose final files a fresh
-// judge finds correct again with no flag; writes them as chat records (agent/README.md, "The SFT
+// Keeps the episodes of the run's own tasks whose reward was >= min_reward with no flag, and
+// whose final files a fresh judge finds correct again, with no flag and reward >= min_reward; writes them as chat records (agent/README.md, "The SFT
 // set"). Returns the tally: episodes, kept, dropped by reason. Throws opforge::Error when RUN is
 // not a run folder, or when the judge fails (the environment's failure: nothing is written).
 nlohmann::json build_sft(const SftOptions& o);

@@ -88,6 +88,9 @@ bool run_calls(const ToolContext& tools, const std::vector<Call>& calls, State& 
     ToolOutcome out = submitted ? ToolOutcome{"error: the episode was submitted; this call was not run", false}
                                 : call_tool(tools, c.name, c.arguments);
     double secs = since(t0);
+    // A command's output or a file read is whatever bytes the folder holds: made JSON-safe here,
+    // or one byte of a binary would stop the whole run at the next request.
+    out.content = valid_utf8(out.content);
     submitted = submitted || out.submit;
     s.messages.push_back({{"role", "tool"}, {"tool_call_id", c.id}, {"content", out.content}});
     s.log.push_back({{"turn", s.turns}, {"id", c.id}, {"name", c.name}, {"arguments", c.arguments}, {"ok", out.ok},

@@ -65,7 +65,9 @@ json JudgeClient::evaluate(const std::string& task_id, const json& files) const 
     if (!a.error.empty() || a.status == 429 || a.status == 503) continue;  // busy or not reached: again
     json row = json::parse(a.body, nullptr, false);
     if (a.status == 200 && row.is_object()) return row;
-    if (a.status == 400)  // the submission itself is malformed (too large, a bad file name): the agent's doing
+    // The submission itself is malformed (a bad file name; 413: past the service's payload limit):
+    // the agent's doing, not the environment's.
+    if (a.status == 400 || a.status == 413)
       return {{"reward", -1}, {"correct", false}, {"reason", "bad_submission"}, {"detail", a.body.substr(0, 2000)}};
     return environment_failure(fmt::format("judge_http_{}", a.status), a.body.substr(0, 2000));
   }

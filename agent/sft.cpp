@@ -28,16 +28,35 @@ namespace opforge::agent {
 
 namespace {
 
+// Folder -> task id, from the run's manifest (written by export, out of the agent's reach): a
+// record's folder must be one of them, for the task the record names.
+std::map<std::string, std::string> run_folders(const fs::path& run) {
+  fs::path m = run / "work" / "manifest.json";
+  OPFORGE_CHECK(fs::exists(m), "{} is missing: --trajectories must be the --out of an opforge agent run", m.string());
+  std::map<std::string, std::string> out;
+  json manifest = json::parse(read_text(m));  // kept alive: a range-for over parse(...)["tasks"] dangles
+  for (auto& t : manifest["tasks"]) out[t["folder"].get<std::string>()] = t["task_id"].get<std::string>();
+  return out;
+}
+
+bool well_formed(const json& r) {
+  auto str = [&](const char* k) { return r.contains(k) && r[k].is_string(); };
+  return r.is_object() && str("folder") && str("task_id") && str("task") && r.contains("messages") &&
+         r["messages"].is_array() && r.contains("files") && r["files"].is_object() && r.contains("reward") &&
+         r["reward"].is_number_integer();
+}
+
 // Why a record is not a candidate, or "" when it is (before the second judgement).
-std::string first_verdict(const json& r, const SftOptions& o) {
-  if (!r.contains("messages") || !r.contains("files") || !r["files"].is_object() || !r.contains("folder"))
-    return "incomplete_record";
-  if (!r["reward"].is_number_integer() || r["reward"].get<int>() < o.min_reward) return "below_min_reward";
-  const json& final = r.value("final", json::object());
+std::string first_verdict(const json& r, const SftOptions& o, const std::map<std::string, std::string>& folders) {
+  if (!well_formed(r)) return "incomplete_record";
+  auto f = folders.find(r["folder"].get<std::string>());
+  if (f == folders.end() || f->second != r["task_id"].get<std::string>()) return "not_this_runs_task";
+  if (r["reward"].get<int>() < o.min_reward) return "below_min_reward";
+  const json& final = r.contains("final") && r["final"].is_object() ? r["final"] : json::object();
   if (!final.value("flags", json::array()).empty()) return "flagged";
   if (o.max_failed_calls >= 0) {
     long failed = 0;
-    for (auto& c : r.value("tool_calls", json::array())) failed += c.value("ok", true) ? 0 : 1;
+    for (auto& c : r.value("tool_calls", json::array())) failed += c.is_object() && !c.value("ok", true) ? 1 : 0;
     if (failed > o.max_failed_calls) return "failed_calls";
   }
   return "";
@@ -116,8 +135,9 @@ json build_sft(const SftOptions& o) {
                 (o.trajectories / "episodes.jsonl").string());
   std::map<std::string, long> dropped;
   std::vector<json> cands, kept;
+  auto folders = run_folders(o.trajectories);
   for (auto& r : records) {
-    std::string why = first_verdict(r, o);
+    std::string why = first_verdict(r, o, folders);
     if (why.empty()) cands.push_back(r); else ++dropped[why];
   }
   spdlog::info("agent sft: {} episode(s), {} with reward >= {} and no flag, judged again", records.size(), cands.size(),
@@ -125,8 +145,11 @@ json build_sft(const SftOptions& o) {
   std::vector<json> rows = cands.empty() ? std::vector<json>{} : rejudge(o, cands);
   for (std::size_t i = 0; i < cands.size(); ++i) {
     const json& row = rows[i];
-    if (!row.value("correct", false)) ++dropped["rejudged_" + row.value("reason", std::string("incorrect"))];
+    json reason = row.value("reason", json("incorrect"));
+    if (!row.value("correct", false)) ++dropped["rejudged_" + (reason.is_string() ? reason.get<std::string>() : "incorrect")];
     else if (!row.value("flags", json::array()).empty()) ++dropped["rejudged_flagged"];
+    else if (json rw = row.value("reward", json()); !rw.is_number_integer() || rw.get<int>() < o.min_reward)
+      ++dropped["rejudged_below_min_reward"];
     else kept.push_back(sft_record(cands[i], row));
   }
   write_outputs(o, kept);

@@ -153,6 +153,7 @@ bool skipped_file(const fs::directory_entry& e, const std::string& rel, const st
 }  // namespace
 
 SolutionFiles solution_files(const fs::path& folder, std::size_t max_bytes, std::size_t max_files) {
+  // max_files: serve takes 256 files; a folder past it is refused there, and said so here.
   SolutionFiles s;
   std::size_t total = 0;
   try {
@@ -171,7 +172,12 @@ SolutionFiles solution_files(const fs::path& folder, std::size_t max_bytes, std:
                                 "no more", max_bytes, max_files, rel);
         return s;
       }
-      s.files[rel] = read_text(it->path());
+      std::string text = read_text(it->path());
+      if (!is_utf8(text)) {
+        s.problem = fmt::format("{} is not UTF-8 text: a solution is source code", rel);
+        return s;
+      }
+      s.files[rel] = std::move(text);
     }
   } catch (const std::exception& e) {
     s.problem = fmt::format("a file of the folder could not be read: {}", e.what());

@@ -39,12 +39,12 @@ ToolOutcome call_tool(const ToolContext& ctx, const std::string& name, const std
 // The files a submission of the folder carries: all but model.py, SKILL.md, utils/, dot files,
 // __pycache__ and build products (as utils/judge.py sends them), path -> text. Bounded, because
 // the agent owns the folder: past `max_bytes` in all or `max_files`, or at a file or folder it
-// made unreadable, reading stops and `problem` says why (the episode's -1, not the run's crash).
+// made unreadable or that is not UTF-8 text, reading stops and `problem` says why (the episode's -1, not the run's crash).
 struct SolutionFiles {
   nlohmann::json files = nlohmann::json::object();
   std::string problem;  // empty: the files are the whole solution
 };
 SolutionFiles solution_files(const std::filesystem::path& folder, std::size_t max_bytes = 1 << 20,
-                             std::size_t max_files = 1000);
+                             std::size_t max_files = 256);
 
 }  // namespace opforge::agent

@@ -102,6 +102,10 @@ void Run::resume(Journal& jr) {
 }
 
 void Run::record(const Job& j) {
+  // A judge's own failure (judge_timeout, judge_worker_crash, ...) is the environment's, never a
+  // verdict to keep: the next run judges that solution again.
+  if (j.row.value("reason", json(nullptr)).is_string() && j.row["reason"].get<std::string>().rfind("judge_", 0) == 0)
+    return;
   if (journal && !j.digest.empty()) journal->add(j.digest, j.sol.key, j.row);
 }
 
@@ -376,7 +380,9 @@ std::string fingerprint(const Run& r) {
   std::string sandbox = r.launch.profile.substr(0, r.launch.profile.find(" ("));
   json f = {{"judge", kJudgeVersion}, {"device_key", r.device_key}, {"sandbox", sandbox},
             {"policy", o.policy}, {"correct_trials", o.correct_trials}, {"atol", o.atol}, {"rtol", o.rtol},
-            {"timeout_s", o.timeout_s}, {"compile_timeout_s", o.compile_timeout_s}};
+            {"timeout_s", o.timeout_s}, {"compile_timeout_s", o.compile_timeout_s},
+            {"child_memory_mb", o.child_memory_mb}, {"memory_limit_mb", o.memory_limit_mb},
+            {"workers", o.workers}};  // workers: the children's thread count follows it (launch.cpp)
   return xxh3_hex(f.dump());
 }
 

@@ -19,8 +19,10 @@ using nlohmann::json;
 
 namespace {
 
+// Throws when the file cannot be read: such a solution gets no digest (solution_digest).
 std::string read_bytes(const fs::path& p) {
   std::ifstream f(p, std::ios::binary);
+  OPFORGE_CHECK(f.good(), "cannot read {}", p.string());
   return {std::istreambuf_iterator<char>(f), {}};
 }
 
@@ -28,9 +30,7 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-}  // namespace
-
-std::string solution_digest(const std::string& task_code, const SolutionEntry& s, std::uint64_t key) {
+std::string digest_of(const std::string& task_code, const SolutionEntry& s, std::uint64_t key) {
   auto keyed = [key](const std::string& x) { return fmt::format("{:016x}", xxh3_64(x, key)); };
   std::string h = "task " + xxh3_hex(task_code) + "\n";
   if (!s.folder) return keyed(h + "file " + s.path.filename().string() + "\n" + read_bytes(s.path));
@@ -41,10 +41,20 @@ std::string solution_digest(const std::string& task_code, const SolutionEntry& s
   for (auto& p : files) {
     std::string rel = fs::relative(p, s.path).string();
     // A link is keyed by its target, not followed: the judge refuses links, whatever they point at.
-    std::string body = fs::is_symlink(p) ? "-> " + fs::read_symlink(p).string() : keyed(read_bytes(p));
-    h += rel + "\n" + body + "\n";
+    std::string body = fs::is_symlink(p) ? "link " + fs::read_symlink(p).string() : "file " + keyed(read_bytes(p));
+    h += fmt::format("{}:{}{}:{}", rel.size(), rel, body.size(), body);  // lengths: no name can pose as two
   }
   return keyed(h);
+}
+
+}  // namespace
+
+std::string solution_digest(const std::string& task_code, const SolutionEntry& s, std::uint64_t key) {
+  try {
+    return digest_of(task_code, s, key);
+  } catch (const std::exception&) {
+    return "";  // unreadable: judged (and failing) as it is, never reused
+  }
 }
 
 Journal::Journal(const fs::path& out, const std::string& fingerprint, std::optional<std::uint64_t> seed,
@@ -64,6 +74,7 @@ Journal::Journal(const fs::path& out, const std::string& fingerprint, std::optio
     std::ofstream w(tmp, std::ios::trunc);
     w << json{{"journal", 1}, {"fingerprint", fingerprint}, {"seed", seed_}, {"digest_key", digest_key_}}.dump() << "\n";
     for (auto& l : kept ? good_ : std::vector<std::string>{}) w << l << "\n";
+    w.flush();  // a full disk shows here, before the rename replaces the old journal
     OPFORGE_CHECK(w.good(), "cannot write the run's journal {}: check that --out is writable", tmp.string());
   }
   fs::rename(tmp, file);

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "episode.h"
+#include "opforge/core/files.h"
 #include "test_support.h"
 #include "tools.h"
 
@@ -159,11 +160,15 @@ void check_sft(const fs::path& d, const json& honest) {
   json forged = honest;
   forged["reward"] = 2;
   forged["files"] = {{"model_new.py", test::read_file(test::fixtures() / "eval" / "hacks" / "returns_input.py")}};
-  std::ofstream(d / "out" / "episodes.jsonl", std::ios::app) << forged.dump() << "\n";
+  json astray = honest;  // a folder outside the run's: neither read nor written, not judged
+  astray["folder"] = "../../elsewhere";
+  std::ofstream(d / "out" / "episodes.jsonl", std::ios::app) << forged.dump() << "\n" << astray.dump() << "\n";
   auto r = test::run_opforge(sft_args(d / "out", d / "sft" / "rft.jsonl"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   json tally = json::parse(r.out);
-  EXPECT_EQ(tally["episodes"], 4);
+  EXPECT_EQ(tally["episodes"], 5);
+  EXPECT_EQ(tally["dropped"]["not_this_runs_task"], 1) << tally.dump();
+  EXPECT_FALSE(fs::exists(d.parent_path() / "elsewhere.py"));
   EXPECT_EQ(tally["kept"], 1) << tally.dump();
   EXPECT_EQ(tally["dropped"]["below_min_reward"], 2) << tally.dump();
   long rejudged = 0;  // the hack's file in a folder's model_new.py does not build there: compile_error
@@ -270,6 +275,11 @@ TEST(Agent, TheFolderIsReadWithinTheJudgesLimitsAndPastThemTheEpisodeGetsMinusOn
   for (int i = 0; i < 12; ++i) test::write_file(d / "kernels" / ("k" + std::to_string(i) + ".h"), "//\n");
   auto many = agent::solution_files(d.path(), 1 << 20, 10);
   EXPECT_NE(many.problem.find("10 files"), std::string::npos) << many.problem;
+  for (int i = 0; i < 12; ++i) fs::remove(d / "kernels" / ("k" + std::to_string(i) + ".h"));
+  test::write_file(d / "kernels" / "blob.bin", std::string("ok\xff\xfe", 4));
+  EXPECT_NE(agent::solution_files(d.path()).problem.find("not UTF-8"), std::string::npos);
+  EXPECT_EQ(valid_utf8(std::string("a\xff\xe2\x82", 4) + "\xe2\x82\xac"), "a\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xe2\x82\xac")
+      << "each stray byte one U+FFFD, a whole sequence kept";
 
   agent::EpisodeTask t{"id", "task", "folder", "code", d.path()};
   agent::JudgeClient nowhere{"http://127.0.0.1:9", "", 1, 1};

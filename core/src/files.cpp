@@ -24,4 +24,48 @@ std::vector<std::filesystem::path> python_files_under(const std::filesystem::pat
   return files;
 }
 
+namespace {
+
+// Length of the UTF-8 sequence at s[i], or 0 when it is not one (overlong forms, surrogates and
+// code points past U+10FFFF included).
+std::size_t utf8_at(std::string_view s, std::size_t i) {
+  auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[i + k]); };
+  unsigned char c = b(0);
+  std::size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (std::size_t k = 1; k < n; ++k)
+    if ((b(k) >> 6) != 0x2) return 0;
+  if (n == 2 && c < 0xC2) return 0;
+  if (n == 3 && ((c == 0xE0 && b(1) < 0xA0) || (c == 0xED && b(1) >= 0xA0))) return 0;
+  if (n == 4 && ((c == 0xF0 && b(1) < 0x90) || c > 0xF4 || (c == 0xF4 && b(1) >= 0x90))) return 0;
+  return n;
+}
+
+}  // namespace
+
+std::string valid_utf8(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size();) {
+    std::size_t n = utf8_at(s, i);
+    if (n == 0) {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    } else {
+      out.append(s.substr(i, n));
+      i += n;
+    }
+  }
+  return out;
+}
+
+bool is_utf8(std::string_view s) {
+  for (std::size_t i = 0; i < s.size();) {
+    std::size_t n = utf8_at(s, i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
 }  // namespace opforge

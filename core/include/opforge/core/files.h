@@ -2,12 +2,18 @@
 #pragma once
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace opforge {
 
 // The whole file as bytes; throws opforge::Error naming the file when it cannot be read.
 std::string read_text(const std::filesystem::path& p);
+// `s` with every byte sequence that is not UTF-8 replaced by U+FFFD: text from a process or a
+// file we do not control (a command's output, cut at a byte count too) becomes JSON-safe.
+std::string valid_utf8(std::string_view s);
+// Whether `s` is UTF-8 throughout.
+bool is_utf8(std::string_view s);
 // Every regular *.py file under dir (recursive), sorted.
 std::vector<std::filesystem::path> python_files_under(const std::filesystem::path& dir);
 
