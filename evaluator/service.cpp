@@ -560,7 +560,7 @@ void on_openrlhf(const httplib::Request& req, httplib::Response& res, Engine& e,
   json rewards = json::array(), scores = json::array(), reasons = json::array();
   for (auto& a : *out) {
     if (a.value("retryable", false) || !a["reward"].is_number()) {
-      res.set_header("Retry-After", "5");
+      if (!res.has_header("Retry-After")) res.set_header("Retry-After", "5");
       return reply(res, 503, {{"error", "the environment failed: " + a.value("reason", std::string("?"))}, {"retryable", true}});
     }
     double r = a["reward"].get<double>();
