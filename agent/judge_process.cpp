@@ -48,10 +48,12 @@ void JudgeProcess::start(const std::vector<std::string>& args, const fs::path& l
   for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   std::string log_path = log.string();
+  pid_t parent = ::getpid();
   pid_ = ::fork();
   OPFORGE_CHECK(pid_ >= 0, "cannot start the judge (opforge serve): {}", std::strerror(errno));
   if (pid_ == 0) {  // only async-signal-safe calls until exec
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(127);  // the run died before the signal was armed
     int err = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     ::dup2(p[1], 1);
     if (err >= 0) ::dup2(err, 2);
