@@ -41,9 +41,13 @@ std::map<std::string, std::string> run_folders(const fs::path& run) {
 
 bool well_formed(const json& r) {
   auto str = [&](const char* k) { return r.contains(k) && r[k].is_string(); };
-  return r.is_object() && str("folder") && str("task_id") && str("task") && r.contains("messages") &&
-         r["messages"].is_array() && r.contains("files") && r["files"].is_object() && r.contains("reward") &&
-         r["reward"].is_number_integer();
+  if (!r.is_object() || !str("folder") || !str("task_id") || !str("task") || !r.contains("messages") ||
+      !r["messages"].is_array() || !r.contains("files") || !r["files"].is_object() || !r.contains("reward") ||
+      !r["reward"].is_number_integer())
+    return false;
+  for (auto& m : r["messages"])
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) return false;
+  return true;
 }
 
 // Why a record is not a candidate, or "" when it is (before the second judgement).
@@ -84,7 +88,7 @@ json sft_record(const json& r, const json& row) {
   json msgs = r["messages"];
   while (!msgs.empty() && msgs.back().value("role", "") != "assistant") msgs.erase(msgs.size() - 1);
   return {{"messages", msgs}, {"tools", tool_definitions()}, {"task_id", r["task_id"]}, {"task", r["task"]},
-          {"reward", r["reward"]}, {"rejudged_reward", row["reward"]}, {"turns", r.value("turns", 0)},
+          {"reward", r["reward"]}, {"rejudged_reward", row.value("reward", json())}, {"turns", r.value("turns", 0)},
           {"solution_hash", row.value("solution_hash", "")}};
 }
 
