@@ -144,10 +144,8 @@ void write_summary(const AgentOptions& o) {
   s["errors_pending"] = read_records(o.out / "errors.jsonl").size();
   std::ofstream(o.out / "summary.json") << s.dump(2) << "\n";
   std::ofstream(o.out / "summary.md") << summary_markdown(s);
-  std::string cmd = fmt::format("PYTHONPATH='{}' '{}' -m opforge.agent_plots '{}' '{}' 1>&2",
-                                python_package_dir().string(), python_executable().string(),
-                                (o.out / "summary.json").string(), (o.out / "summary.png").string());
-  if (std::system(cmd.c_str()) != 0) spdlog::warn("the plot was not drawn (matplotlib missing?)");
+  if (run_python_module("opforge.agent_plots", {(o.out / "summary.json").string(), (o.out / "summary.png").string()}) != 0)
+    spdlog::warn("the plot was not drawn (matplotlib missing?)");
 }
 
 }  // namespace

@@ -6,7 +6,6 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
-#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -125,9 +124,7 @@ void write_outputs(const SftOptions& o, const std::vector<json>& kept) {
     for (auto& r : kept) f << r.dump() << "\n";
     OPFORGE_CHECK(f.good(), "cannot write {}", o.out.string());
   });
-  std::string cmd = fmt::format("PYTHONPATH='{}' '{}' -m opforge.sft_parquet '{}' '{}' 1>&2", python_package_dir().string(),
-                                python_executable().string(), o.out.string(), parquet.string());
-  OPFORGE_CHECK(std::system(cmd.c_str()) == 0, "the parquet {} was not written (pyarrow in the venv? its error is "
+  OPFORGE_CHECK(run_python_module("opforge.sft_parquet", {o.out.string(), parquet.string()}) == 0, "the parquet {} was not written (pyarrow in the venv? its error is "
                 "above); the JSONL {} was", parquet.string(), o.out.string());
 }
 

@@ -212,10 +212,10 @@ class Engine {
  public:
   Engine(const ServeOptions& o, TaskIndex ti);
   ~Engine() { stop(); }
-  // The verdict to wait for, from the cache, from an identical evaluation in flight, or queued;
-  // nullopt when the queue is full.
-  std::optional<std::shared_future<json>> submit(Submission s);
-  bool room_for(std::size_t n);
+  // The verdicts to wait for, each from the cache, from an identical evaluation in flight, or
+  // queued; all or none, under one lock: nullopt when the queue has no room for every one (so no
+  // other client's request can fill it between the check and the queueing).
+  std::optional<std::vector<std::shared_future<json>>> submit_all(std::vector<Submission> subs);
   void stop();
   json health() const;
   json metrics();
@@ -223,6 +223,7 @@ class Engine {
   Metrics stats;
 
  private:
+  std::shared_future<json> submit_locked(Submission s);  // under m_, with room checked
   void loop();
   std::vector<std::shared_ptr<Pending>> next_batch();
   void run_batch(const std::vector<std::shared_ptr<Pending>>& batch);
@@ -266,13 +267,15 @@ Engine::Engine(const ServeOptions& o, TaskIndex ti) : o_(o), ti_(std::move(ti)),
   thread_ = std::thread([this] { loop(); });
 }
 
-bool Engine::room_for(std::size_t n) {
+std::optional<std::vector<std::shared_future<json>>> Engine::submit_all(std::vector<Submission> subs) {
   std::lock_guard<std::mutex> l(m_);
-  return queue_.size() + running_ + n <= o_.queue_max;
+  if (queue_.size() + running_ + subs.size() > o_.queue_max) return std::nullopt;
+  std::vector<std::shared_future<json>> futs;
+  for (auto& s : subs) futs.push_back(submit_locked(std::move(s)));
+  return futs;
 }
 
-std::optional<std::shared_future<json>> Engine::submit(Submission s) {
-  std::lock_guard<std::mutex> l(m_);
+std::shared_future<json> Engine::submit_locked(Submission s) {
   if (stopping_) {
     std::promise<json> p;
     p.set_value(environment_failure("service_stopping", "the service is shutting down; send it again"));
@@ -290,7 +293,6 @@ std::optional<std::shared_future<json>> Engine::submit(Submission s) {
     stats.count("joined_in_flight");  // a GRPO group's identical completions: judged once
     return f->second;
   }
-  if (queue_.size() + running_ >= o_.queue_max) return std::nullopt;
   auto p = std::make_shared<Pending>();
   p->sub = std::move(s);
   p->fut = p->done.get_future().share();
@@ -483,30 +485,25 @@ std::optional<std::vector<json>> judge_all(const std::vector<json>& reqs, Engine
                                            httplib::Response& res) {
   std::vector<Parsed> parsed;
   for (auto& r : reqs) parsed.push_back(parse_submission(r, e.tasks(), o));
-  std::size_t valid = std::count_if(parsed.begin(), parsed.end(), [](const Parsed& p) { return p.sub.has_value(); });
-  if (!e.room_for(valid)) {
+  std::vector<Submission> valid;
+  for (auto& p : parsed)
+    if (p.sub) valid.push_back(*p.sub);
+  auto futs = e.submit_all(std::move(valid));
+  if (!futs) {
     too_busy(res, e);
     return std::nullopt;
   }
-  std::vector<std::optional<std::shared_future<json>>> futs;
-  for (auto& p : parsed) futs.push_back(p.sub ? e.submit(*p.sub) : std::nullopt);
   std::vector<json> out;
-  for (std::size_t i = 0; i < parsed.size(); ++i) {
-    if (!parsed[i].sub) {
-      e.stats.count(parsed[i].status == 404 ? "unknown_task" : "bad_requests");
-      json err = parsed[i].error;
-      err["status"] = parsed[i].status;
-      out.push_back(err);
-    } else if (!futs[i]) {
-      // The queue filled between room_for and submit (another client's request): the same 429
-      // as too_busy's, Retry-After included, or a client has nothing to wait by.
-      e.stats.count("rejected_queue_full");
-      if (!res.has_header("Retry-After")) res.set_header("Retry-After", "5");
-      out.push_back({{"status", 429}, {"reward", nullptr}, {"retryable", true}, {"reason", "queue_full"},
-                     {"error", "the queue is full; retry after 5 s"}});
-    } else {
-      out.push_back(futs[i]->get());
+  std::size_t k = 0;
+  for (auto& p : parsed) {
+    if (p.sub) {
+      out.push_back((*futs)[k++].get());
+      continue;
     }
+    e.stats.count(p.status == 404 ? "unknown_task" : "bad_requests");
+    json err = p.error;
+    err["status"] = p.status;
+    out.push_back(err);
   }
   return out;
 }
@@ -560,7 +557,7 @@ void on_openrlhf(const httplib::Request& req, httplib::Response& res, Engine& e,
   json rewards = json::array(), scores = json::array(), reasons = json::array();
   for (auto& a : *out) {
     if (a.value("retryable", false) || !a["reward"].is_number()) {
-      if (!res.has_header("Retry-After")) res.set_header("Retry-After", "5");
+      res.set_header("Retry-After", "5");
       return reply(res, 503, {{"error", "the environment failed: " + a.value("reason", std::string("?"))}, {"retryable", true}});
     }
     double r = a["reward"].get<double>();

@@ -29,4 +29,21 @@ std::filesystem::path self_executable() { return std::filesystem::read_symlink("
 
 const char* version() { return OPFORGE_VERSION; }
 
+namespace {
+
+std::string shell_quoted(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+}  // namespace
+
+int run_python_module(const std::string& module, const std::vector<std::string>& args) {
+  std::string cmd = "PYTHONPATH=" + shell_quoted(python_package_dir().string()) + " " +
+                    shell_quoted(python_executable().string()) + " -m " + shell_quoted(module);
+  for (auto& a : args) cmd += " " + shell_quoted(a);
+  return std::system((cmd + " 1>&2").c_str());
+}
+
 }  // namespace opforge

@@ -30,14 +30,8 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REWARD_FILE = os.path.join(ROOT, "python", "opforge_rl", "verl.py")
-MARKERS = ["<|tools|>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>", "<|call|>", "<|end|>"]
-# Every role, the offered tools and the calls with their arguments, as tests/python/sft_check.py.
-TEMPLATE = (
-    "{%- if tools %}<|tools|>{{ tools | tojson }}<|end|>\n{% endif %}"
-    "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}"
-    "{%- if m.tool_calls %}{% for c in m.tool_calls %}<|call|>{{ c.function.name }} {{ c.function.arguments }}"
-    "{% endfor %}{% endif %}<|end|>\n{% endfor %}"
-    "{%- if add_generation_prompt %}<|assistant|>{% endif %}")
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+from chat_fixture import MARKERS, bpe_tokenizer  # noqa: E402
 # agent/tools.cpp tool_definitions(), as `opforge agent sft` writes them into each record.
 STR = {"type": "string"}
 
@@ -61,19 +55,7 @@ def response(code):
 
 def save_tokenizer(texts, out_dir):
     """A byte-level BPE trained on `texts` with the chat template, saved where verl loads it."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    special = ["<pad>", "<eos>", "<unk>"] + MARKERS  # markers whole, so turns tokenize alone as in context
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=1024, special_tokens=special,
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
-                                   additional_special_tokens=MARKERS)
-    fast.chat_template = TEMPLATE
-    fast.save_pretrained(out_dir)
+    bpe_tokenizer(texts, 1024, MARKERS).save_pretrained(out_dir)
 
 
 def verl_config(name, overrides):

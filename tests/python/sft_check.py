@@ -7,29 +7,11 @@ Prints {"rows", "steps", "rendered"} as JSON; exit 1 when a record is not render
   python3 tests/python/sft_check.py RFT.parquet OUT_DIR
 """
 import json
+import os
 import sys
 
-# Every role, the offered tools and the calls with their arguments: what the SFT set must teach.
-TEMPLATE = (
-    "{%- if tools %}<|tools|>{{ tools | tojson }}<|end|>\n{% endif %}"
-    "{%- for m in messages %}<|{{ m.role }}|>{{ m.content }}"
-    "{%- if m.tool_calls %}{% for c in m.tool_calls %}<|call|>{{ c.function.name }} {{ c.function.arguments }}"
-    "{% endfor %}{% endif %}<|end|>\n{% endfor %}"
-    "{%- if add_generation_prompt %}<|assistant|>{% endif %}")
-
-
-def tokenizer(texts):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=512, special_tokens=["<pad>", "<eos>", "<unk>"],
-                                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-    fast.chat_template = TEMPLATE
-    return fast
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from chat_fixture import bpe_tokenizer  # noqa: E402
 
 
 def model(vocab_size):
@@ -47,7 +29,7 @@ def main(parquet, out_dir):
     from trl import SFTConfig, SFTTrainer
 
     ds = load_dataset("parquet", data_files=parquet, split="train")
-    tok = tokenizer([m["content"] or "" for r in ds for m in r["messages"]] + [r["tools"] for r in ds])
+    tok = bpe_tokenizer([m["content"] or "" for r in ds for m in r["messages"]] + [r["tools"] for r in ds], 512)
     first = ds[0]
     text = tok.apply_chat_template(first["messages"], tools=json.loads(first["tools"]), tokenize=False)
     calls = [c for m in first["messages"] for c in (m["tool_calls"] or [])]

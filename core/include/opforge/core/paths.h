@@ -1,6 +1,8 @@
 // Where opforge finds its own files and its Python, so the binary works from any directory.
 #pragma once
 #include <filesystem>
+#include <string>
+#include <vector>
 
 namespace opforge {
 
@@ -12,6 +14,9 @@ std::filesystem::path python_package_dir();
 // The venv interpreter the workers embed: $OPFORGE_PYTHON, else the one chosen at configure time.
 // Throws opforge::Error saying how to fix it when it does not exist.
 std::filesystem::path python_executable();
+// `python -m MODULE ARGS...` with the venv's interpreter and opforge's package on its path, its
+// stdout sent to stderr (stdout is the command's data); returns the exit status.
+int run_python_module(const std::string& module, const std::vector<std::string>& args);
 // This binary (/proc/self/exe), used to spawn `opforge worker` children.
 std::filesystem::path self_executable();
 const char* version();
