@@ -11,7 +11,7 @@
 #              hacks reward -1 with the reason their docstring names ("expect `reason`")
 #   allowed    the honest solutions, the hacks and KernelBench kernels again under --policy torch-allowed:
 #              hacks still -1 (isolation, not only the guard)
-#   repeat_N   the elementwise solution in 3 processes: spread of the candidate medians against 1%
+#   repeat_N   the elementwise solution in REPEATS (3) processes: spread of the candidate medians against 1%
 #   throughput 64 solution files (8 distinct extension sources x 8 copies) of elementwise_chain; a run
 #              cut by a call's limit resumes from OUT_DIR/throughput/journal.jsonl when started again
 #              (TP_WORKERS=N: N judge workers sharing the GPU, the timing lock between them)
@@ -75,7 +75,13 @@ want all && run_eval all "$tmp/all/tasks" "$tmp/all/sols" --fresh
 want allowed && run_eval allowed "$tmp/hk/tasks" "$tmp/hk/sols" --policy torch-allowed --fresh
 mkdir -p "$tmp/rep/sols" "$tmp/rep/tasks"
 cp "$fx/solutions/elementwise_chain.py" "$tmp/rep/sols/" && cp "$fx/tasks/elementwise_chain.py" "$tmp/rep/tasks/"
-if want repeat; then for i in 1 2 3; do run_eval "repeat_$i" "$tmp/rep/tasks" "$tmp/rep/sols" --fresh; done; fi
+if want repeat; then  # REPEATS=N (default 3) processes; the GPU's clocks before each go to repeat_clocks.txt
+  for i in $(seq 1 "${REPEATS:-3}"); do
+    nvidia-smi --query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv,noheader \
+      >> "$out/repeat_clocks.txt" 2>/dev/null || true
+    run_eval "repeat_$i" "$tmp/rep/tasks" "$tmp/rep/sols" --fresh
+  done
+fi
 if want throughput; then
   mkdir -p "$tmp/tp/sols" "$tmp/tp/tasks"
   for i in 0 1 2 3 4 5 6 7; do

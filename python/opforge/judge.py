@@ -837,7 +837,8 @@ class _Timer:
         small = small_batch(k, self.sess.device)
         stats = timing.time_calls(self.call, self.sess.device, warmup=1, trials=batches, budget_s=budget_s,
                                   lock_path=lock, before=self.before, after=self.after, per_call=k,
-                                  overhead_ms=self.floor_ms, small=small, margin_ms=FIXED_MARGIN_MS if small else 0.0)
+                                  overhead_ms=self.floor_ms, small=small, margin_ms=FIXED_MARGIN_MS if small else 0.0,
+                                  keep_samples=True)
         self.before(-1)  # and always one more, read back
         self.call()
         self.after(0, force=True)

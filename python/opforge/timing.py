@@ -188,7 +188,7 @@ def _per_call(samples, sizes, floor_ms, margin_ms):
 
 
 def time_calls(call, device, warmup=3, trials=20, budget_s=5.0, lock_path=None, max_spread=0.03, retries=2,
-               before=None, after=None, per_call=1, overhead_ms=0.0, small=0, margin_ms=0.0):
+               before=None, after=None, per_call=1, overhead_ms=0.0, small=0, margin_ms=0.0, keep_samples=False):
     """The one timing protocol of opforge, used by the filter (in its worker) and by the judge
     (around a call into the solution's child process): the host's wall clock around `call(n)`,
     which must return only once its device work is done (time_fn's call synchronises the device;
@@ -210,7 +210,8 @@ def time_calls(call, device, warmup=3, trials=20, budget_s=5.0, lock_path=None, 
     lasts) and the steadiest set kept: the lock keeps neighbours' timers and checks off the GPU,
     but not the GPU kernels that inductor runs while it compiles (autotuning) nor the host's other
     load, and those disturb a set of trials now and then rather than the task's own time.
-    `attempts` says how many sets were taken. On CPU a set is taken once: there the spread is the
+    `attempts` says how many sets were taken; with keep_samples, `samples` holds the kept set's
+    [calls, ms] in the order taken (the evidence behind the figure). On CPU a set is taken once: there the spread is the
     host's own (workers share its cores for everything), and a retake would only lengthen every
     CPU run."""
     if not str(device).startswith("cuda"):
@@ -226,6 +227,8 @@ def time_calls(call, device, warmup=3, trials=20, budget_s=5.0, lock_path=None, 
         for attempt in range(1 + retries):
             samples = _trials(call, trials, budget_s, before, after, sizes)
             stats = _per_call(samples, sizes, overhead_ms, margin_ms)
+            if keep_samples:
+                stats["samples"] = [[n, round(ms, 4)] for n, ms in samples]
             if best is None or stats["spread"] < best["spread"]:
                 best = stats
             if best["spread"] <= max_spread or _perf() - start_all > budget_s:
