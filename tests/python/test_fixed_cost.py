@@ -47,6 +47,24 @@ class FixedCost(unittest.TestCase):
         fixed, _ = timing.fixed_cost_ms(samples, (23, 5), floor_ms=0.0, margin_ms=2.0)
         self.assertAlmostEqual(fixed, 0.9)
 
+    def test_each_pair_of_trials_gives_its_own_figure_and_the_median_is_taken(self):
+        # The machine's state drifts from pair to pair (an offset and a rate both trials of a pair
+        # share): each pair's line is exact, so the median of the pairs is the per-call time.
+        samples = []
+        for i, (d, r) in enumerate([(0.0, 1.0), (0.4, 1.03), (0.1, 0.99), (0.9, 1.02), (0.2, 1.0)]):
+            samples += [(23, 0.9 + d + 0.56 * r * 23), (5, 0.9 + d + 0.56 * r * 5)]
+        stats = timing._per_call(samples, (23, 5), floor_ms=0.25, margin_ms=2.0)
+        self.assertAlmostEqual(stats["median_ms"], 0.56)
+        self.assertEqual(stats["pairs"], 5)
+        self.assertAlmostEqual(stats["fixed_ms"], 1.1)
+
+    def test_a_pair_whose_small_trial_was_made_slow_is_held_to_the_margin(self):
+        samples = line(0.9, 0.56, (23, 5))
+        samples = [(n, ms + (40.0 if n == 5 else 0.0)) for n, ms in samples]
+        stats = timing._per_call(samples, (23, 5), floor_ms=0.25, margin_ms=1.0)
+        self.assertAlmostEqual(stats["fixed_ms"], 1.25)
+        self.assertAlmostEqual(stats["median_ms"], (0.9 + 0.56 * 23 - 1.25) / 23)
+
     def test_the_second_size_is_a_quarter_of_a_gpu_batch(self):
         self.assertEqual(judge.small_batch(23, "cuda:0"), 5)
         self.assertEqual(judge.small_batch(3, "cuda:0"), 0)  # too few calls for two sizes
