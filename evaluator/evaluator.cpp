@@ -198,6 +198,21 @@ void Run::build(WorkerPool* shared) {
   progress.finish();
 }
 
+// On a GPU each judge worker starts its first spare child now, so that it has imported torch and
+// made its CUDA context while the solutions build: the first solution's dispatch then costs what
+// every later one does (docs/architecture.md, "The judge"). One request per worker: each blocks
+// until its spare is up, so an idle worker takes the next. A spare that fails to start is only
+// logged: the solution then starts a child of its own, as before.
+void Run::prestart(WorkerPool& pool, int workers) {
+  if (device == "cpu") return;
+  PrestartRequest p{device, fs::absolute(out / "logs" / "solutions.log").string(), launch.spec, o.timeout_s};
+  std::vector<json> reqs(static_cast<std::size_t>(workers), request("eval_prestart", p, o.timeout_s));
+  pool.run(reqs, [&](WorkerResult&& r) {
+    if (r.outcome != Outcome::ok || !r.reply.value("ok", false))
+      spdlog::warn("a judge worker's spare child did not start ahead: {}{}", r.reason, r.reply.value("message", ""));
+  });
+}
+
 // Static findings become the row's verdict (symbols of aten compute: stopped) or its flags.
 static void apply_findings(json& row, const json& findings) {
   std::set<std::string> flags;
@@ -424,7 +439,8 @@ json evaluate(const EvalOptions& o) {
   // The judge workers start first: the device they report is part of what a journal row is
   // reused under, and resuming decides what still has to be built.
   int n = o.workers > 0 ? o.workers : (run.device == "cuda" ? static_cast<int>(run.gpu_ids.size()) : 1);
-  WorkerPool pool(run.pool_options(std::min<int>(n, std::max<int>(1, static_cast<int>(run.jobs.size()))), o.timeout_s));
+  n = std::min<int>(n, std::max<int>(1, static_cast<int>(run.jobs.size())));
+  WorkerPool pool(run.pool_options(n, o.timeout_s));
   WorkerResult ping = pool.call({{"op", "ping"}});
   OPFORGE_CHECK(ping.outcome == Outcome::ok, "a judge worker did not start: {}", ping.reason);
   run.worker_info = pool.worker_info();
@@ -432,6 +448,7 @@ json evaluate(const EvalOptions& o) {
   Journal journal(run.out, fingerprint(run), o.seed, std::random_device{}() % 1000000007ULL, o.fresh);
   run.seed = journal.seed();
   run.resume(journal);
+  if (std::any_of(run.jobs.begin(), run.jobs.end(), [](const Job& j) { return !j.done; })) run.prestart(pool, n);
   run.build();
   run.evaluate(pool);
   run.baselines(pool);

@@ -64,6 +64,16 @@ inline void to_json(json& j, const BaselineRequest& r) {
   put_measure(j, r.m);
 }
 
+// A judge worker's first spare child, started while the solutions build (judge.eval_prestart).
+struct PrestartRequest {
+  std::string device, log_path;
+  json launch;
+  double timeout_s = 600;
+};
+inline void to_json(json& j, const PrestartRequest& r) {
+  j = {{"device", r.device}, {"launch", r.launch}, {"timeout_s", r.timeout_s}, {"log_path", r.log_path}};
+}
+
 inline json request(const char* op, const json& args, double timeout_s) {
   // The pool's limit is the judge worker's; the judge bounds every wait on a child itself, so this
   // one only fires when the judge itself hangs.
@@ -108,6 +118,7 @@ struct Run {
   WorkerPoolOptions pool_options(int workers, double timeout_s) const;
   // Phase 1 in `pool` (compile workers), or in a pool of its own sized to the jobs when null.
   void build(WorkerPool* pool = nullptr);
+  void prestart(WorkerPool& pool, int workers);
   WorkerPoolOptions build_pool_options(int workers) const;
   void evaluate(WorkerPool& pool);
   void baselines(WorkerPool& pool);

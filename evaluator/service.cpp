@@ -264,6 +264,7 @@ Engine::Engine(const ServeOptions& o, TaskIndex ti) : o_(o), ti_(std::move(ti)),
   OPFORGE_CHECK(ping.outcome == Outcome::ok, "a judge worker did not start: {}", ping.reason);
   OPFORGE_CHECK(compile_->call({{"op", "ping"}}).outcome == Outcome::ok, "a compiler worker did not start");
   base_.worker_info = judge_->worker_info();
+  base_.prestart(*judge_, judges);
   thread_ = std::thread([this] { loop(); });
 }
 

@@ -177,26 +177,38 @@ class Child:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-# One pre-started child per launch profile, kept by this judge worker for its next solution: the
+# Pre-started children per launch profile, kept by this judge worker for its next solutions: a
 # child imports torch while the judge works on the current one, so a solution's dispatch costs its
-# files and its extension's load, not an interpreter's start. Never reused: taken once, then killed.
+# files and its extension's load, not an interpreter's start. Two of them: a solution that fails
+# fast (a -1 in a second) leaves the next one a spare started a whole evaluation earlier, not one
+# still importing (4.3 s dispatch on the H200 with one, docs/gpu.md). Never reused: taken once,
+# then killed.
+SPARES = 2
 _SPARE = {}
 
 
+def _live_spares(key):
+    """The key's spares still running (a dead one is closed and dropped), oldest first."""
+    live = []
+    for c in _SPARE.get(key, []):
+        if c.proc.poll() is None:
+            live.append(c)
+        else:
+            c.close()
+    _SPARE[key] = live
+    return live
+
+
 def take_child(launch, log, timeout_s, spare=True):
-    """A fresh child for one solution: the spare when there is a live one, else a new one; then a
-    new spare starts for the next request (not on the CPU, where its start would share the cores
+    """A fresh child for one solution: the oldest live spare, else a new one; then spares are
+    topped up by one for the next requests (not on the CPU, where a start would share the cores
     with the solution being timed)."""
     key = json.dumps(launch, sort_keys=True)
-    child = _SPARE.pop(key, None)
-    if child is not None and child.proc.poll() is not None:
-        child.close()
-        child = None
-    if child is None:
-        child = Child(launch, log, timeout_s=timeout_s, wait=False)
+    live = _live_spares(key)
+    child = live.pop(0) if live else Child(launch, log, timeout_s=timeout_s, wait=False)
     child.timeout_s = timeout_s
-    if spare:
-        _SPARE[key] = Child(launch, log, timeout_s=timeout_s, wait=False)
+    if spare and len(live) < SPARES:
+        live.append(Child(launch, log, timeout_s=timeout_s, wait=False))
     return child
 
 
@@ -1014,14 +1026,37 @@ def _start(launch, log, timeout_s, device, result):
     return child, t1
 
 
-def _warm_spare(launch):
-    """Once a solution's timing is over, the spare child may make its CUDA context."""
-    spare = _SPARE.get(json.dumps(launch, sort_keys=True))
-    if spare is not None and not spare.posted and spare.proc.poll() is None:
+def eval_prestart(device, launch, timeout_s=600, log_path=None):
+    """A judge worker's first spares, started before any solution reaches it (on a GPU only, like
+    every spare), with their CUDA contexts made: without them the first solution of a run waits
+    for a child's whole cold start. Waits until they have imported torch, so that a run's next
+    prestart request goes to another idle worker. Returns {started, cold_start_s}."""
+    if not T.resolve_device(device).startswith("cuda"):
+        return {"started": 0, "cold_start_s": None}
+    key = json.dumps(launch, sort_keys=True)
+    live = _live_spares(key)
+    with open(log_path or os.devnull, "ab") as log:  # each child keeps its own copy of the descriptor
+        while len(live) < SPARES:
+            live.append(Child(launch, log, timeout_s=timeout_s, wait=False))
+    for child in list(live):
         try:
-            spare.post("warm", "making the CUDA context")
+            child.ready()
         except Verdict:
-            pass  # a broken spare is found and replaced when it is taken
+            live.remove(child)
+            child.close()
+            raise
+    _warm_spare(launch)
+    return {"started": len(live), "cold_start_s": max(c.cold_start_s for c in live)}
+
+
+def _warm_spare(launch):
+    """Once a solution's timing is over, the spares may make their CUDA contexts."""
+    for spare in _SPARE.get(json.dumps(launch, sort_keys=True), []):
+        if not spare.posted and spare.proc.poll() is None:
+            try:
+                spare.post("warm", "making the CUDA context")
+            except Verdict:
+                pass  # a broken spare is found and replaced when it is taken
 
 
 def _with_inductor_cache(launch, cache_dir):

@@ -29,6 +29,7 @@ HANDLERS = {
     "eval_compile": "opforge.judge:eval_compile",
     "eval_solution": "opforge.judge:eval_solution",
     "eval_baselines": "opforge.judge:eval_baselines",
+    "eval_prestart": "opforge.judge:eval_prestart",
     "eval_plots": "opforge.eval_plots:eval_plots",
     "realism_trace": "opforge.realism:trace_codes",
     "realism_figures": "opforge.realism:figures_of",
