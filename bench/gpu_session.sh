@@ -51,15 +51,18 @@ case $step in
     stamp build
     # serve needs cpp-httplib's library, brotli and OpenSSL's headers (pack-debs.sh libcpp-httplib0.11
     # libbrotli-dev libbrotli1 libssl-dev): when they are not carried the rest is built without it.
-    conf() { cmake -S . -B build-gpu -G Ninja -DOPFORGE_PYTHON=$P -DOPFORGE_BUILD_TESTS=${BUILD_TESTS:-ON} \
-               -DOPFORGE_GPU_TESTS_ONLY=ON -DOPFORGE_SERVE="$1" -Wno-dev; }
+    conf2() { cmake -S . -B build-gpu -G Ninja -DOPFORGE_PYTHON=$P -DOPFORGE_BUILD_TESTS=${BUILD_TESTS:-ON} \
+               -DOPFORGE_GPU_TESTS_ONLY=ON -DOPFORGE_SERVE="$1" -DOPFORGE_TRAINER="$2" -Wno-dev; }
+    # The trainer needs find_package(Torch) against the machine's CUDA wheel: when that configure
+    # fails, everything else is built without it (TRAINER=OFF forces that).
+    conf() { conf2 "$1" "${TRAINER:-ON}" || { echo "== trainer off: its configure failed"; rm -rf build-gpu; conf2 "$1" OFF; }; }
     { conf ON || { echo "== serve off: its configure failed"; rm -rf build-gpu; conf OFF; }; } > /tmp/build.log 2>&1
     cmake --build build-gpu -j"$(nproc)" >> /tmp/build.log 2>&1 ||
-      { echo "== serve off: its build failed"; conf OFF && cmake --build build-gpu -j"$(nproc)"; } >> /tmp/build.log 2>&1
+      { echo "== serve and trainer off: the build failed"; rm -rf build-gpu; conf2 OFF OFF && cmake --build build-gpu -j"$(nproc)"; } >> /tmp/build.log 2>&1
     if ! [ -x "$B" ]; then
       tail -60 /tmp/build.log > "$OUT/build_failed.log"; tail -20 /tmp/build.log; exit 1
     fi
-    grep "== serve off" /tmp/build.log
+    grep "== .* off" /tmp/build.log
     tail -1 /tmp/build.log
     ;;
   eval)

@@ -30,6 +30,7 @@ void add_run(CLI::App& app, Runner& run);
 void add_sandbox_exec(CLI::App& app, Runner& run);
 void add_realism(CLI::App& app, Runner& run);
 void add_model_stats(CLI::App& app, Runner& run);
+void add_trainer(CLI::App& app, Runner& run);  // generate, train: exec opforge-trainer
 
 // Shared option helpers.
 // The judge's limits that eval and serve both take: --trials (3..max_trials), --budget-s,

@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
   opforge::cli::add_agent(app, run);
   opforge::cli::add_realism(app, run);
   opforge::cli::add_model_stats(app, run);
+  opforge::cli::add_trainer(app, run);
   opforge::cli::add_worker(app, run);
   opforge::cli::add_sandbox_exec(app, run);
   try {

@@ -1,0 +1,156 @@
+// The trainer's causal LM against transformers itself: tiny random Qwen2 and Llama checkpoints
+// made offline by tests/python/tiny_lm.py, whose logits and greedy tokens transformers computed.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "generate.h"
+#include "model.h"
+#include "opforge/core/error.h"
+#include "safetensors.h"
+#include "test_support.h"
+
+namespace opforge::test {
+namespace {
+using namespace opforge::trainer;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+class Trainer : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    auto [rc, out] = shell(fmt::format("{} {}/python/tiny_lm.py make {} 2>&1", python_bin().string(),
+                                       fixtures().parent_path().string(), dir_->path().string()));
+    ASSERT_EQ(rc, 0) << out;
+  }
+  static void TearDownTestSuite() { delete dir_; }
+  static fs::path model(const std::string& name) { return dir_->path() / name; }
+  static std::map<std::string, at::Tensor> reference(const std::string& name) {
+    return read_safetensors(model(name) / "reference.safetensors");
+  }
+  static TempDir* dir_;
+};
+TempDir* Trainer::dir_ = nullptr;
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+TEST_F(Trainer, LogitsMatchTransformersOnABatchInFloat32) {
+  for (std::string name : {"qwen2", "llama"}) {
+    CausalLM m = CausalLM::load(model(name), at::kCPU);
+    auto ref = reference(name);
+    at::InferenceMode guard;
+    at::Tensor ids = ref["ids"];
+    at::Tensor logits = m.forward(ids, at::ones_like(ids));
+    EXPECT_EQ(logits.sizes(), ref["logits"].sizes()) << name;
+    EXPECT_LT(max_diff(logits, ref["logits"]), 1e-4) << name;
+    // Left padding: the real tokens' logits are what transformers gives with the same positions.
+    at::Tensor mask = ref["padded_mask"];
+    at::Tensor padded = m.forward(ids.narrow(0, 0, 2), mask);
+    at::Tensor real = mask.to(at::kBool);
+    EXPECT_LT(max_diff(padded.index({real}), ref["padded_logits"].index({real})), 1e-4) << name;
+    EXPECT_FALSE(padded.isnan().any().item<bool>()) << name << ": a padding row must not be NaN";
+  }
+}
+
+TEST_F(Trainer, TheKvCacheGivesTheLogitsOfTheWholeSequence) {
+  CausalLM m = CausalLM::load(model("qwen2"), at::kCPU);
+  at::InferenceMode guard;
+  at::Tensor ids = reference("qwen2")["ids"];
+  at::Tensor whole = m.forward(ids, at::ones_like(ids));
+  KvCache cache = m.make_cache(ids.size(0), ids.size(1));
+  at::Tensor first = m.forward(ids.narrow(1, 0, 6), at::ones({ids.size(0), 6}, at::kLong), &cache);
+  at::Tensor rest = m.forward(ids.narrow(1, 6, 5), at::ones_like(ids), &cache);
+  EXPECT_LT(max_diff(at::cat({first, rest}, 1), whole), 1e-4);
+  EXPECT_EQ(cache.length, ids.size(1));
+}
+
+TEST_F(Trainer, GreedyGenerateMatchesTransformersTokenForToken) {
+  for (std::string name : {"qwen2", "llama"}) {
+    json ref = json::parse(read_file(model(name) / "reference.json"));
+    CmdResult r = run_opforge({"generate", "--model", model(name).string(), "--prompt", ref["prompt"], "--greedy",
+                               "--max-new-tokens", "16", "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    json got = json::parse(r.out);
+    EXPECT_EQ(got["prompt_ids"], ref["prompt_ids"]) << name << ": tokenized differently";
+    EXPECT_EQ(got["ids"], ref["greedy_ids"]) << name;
+    EXPECT_EQ(got["logprobs"].size(), got["ids"].size());
+  }
+  // The library batched: two prompts of different lengths give what each gives alone.
+  CausalLM m = CausalLM::load(model("llama"), at::kCPU);
+  SampleOptions o;
+  o.greedy = true;
+  o.max_new_tokens = 8;
+  std::vector<int64_t> a = {5, 9, 30, 41, 7, 2, 8}, b = {17, 3};
+  auto both = generate(m, {a, b}, o);
+  EXPECT_EQ(both[0].tokens, generate(m, {a}, o)[0].tokens);
+  EXPECT_EQ(both[1].tokens, generate(m, {b}, o)[0].tokens);
+}
+
+TEST_F(Trainer, SamplingIsSeededAndRecordsTheLogprobOfEachToken) {
+  CausalLM m = CausalLM::load(model("qwen2"), at::kCPU);
+  SampleOptions o;
+  o.max_new_tokens = 12;
+  o.temperature = 0.8;
+  o.top_p = 0.9;
+  o.seed = 7;
+  std::vector<int64_t> p = {11, 12, 13};
+  auto g1 = generate(m, {p, p}, o), g2 = generate(m, {p, p}, o);
+  EXPECT_EQ(g1[0].tokens, g2[0].tokens);
+  EXPECT_EQ(g1[0].logprobs, g2[0].logprobs);
+  // Each recorded logprob is the token's under logits / temperature (the nucleus cut only decides
+  // what is drawn), as a forward pass over the whole sequence recomputes it.
+  std::vector<int64_t> seq = p;
+  seq.insert(seq.end(), g1[0].tokens.begin(), g1[0].tokens.end());
+  at::InferenceMode guard;
+  at::Tensor ids = at::tensor(seq, at::kLong).unsqueeze(0);
+  at::Tensor lp = (m.forward(ids, at::ones_like(ids)) / o.temperature).log_softmax(-1)[0];
+  for (std::size_t t = 0; t < g1[0].tokens.size(); ++t) {
+    double want = lp[static_cast<int64_t>(p.size() + t - 1)][g1[0].tokens[t]].item<double>();
+    EXPECT_NEAR(g1[0].logprobs[t], want, 1e-4) << "token " << t;
+  }
+}
+
+TEST_F(Trainer, ACheckpointSavedByOpforgeLoadsInTransformersWithIdenticalLogits) {
+  for (std::string name : {"qwen2", "llama"}) {
+    TempDir out;
+    CausalLM::load(model(name), at::kCPU).save(out.path() / name);
+    EXPECT_TRUE(fs::exists(out.path() / name / "tokenizer.json"));
+    auto [rc, text] = shell(fmt::format("{} {}/python/tiny_lm.py check {} {} 2>&1", python_bin().string(),
+                                        fixtures().parent_path().string(), model(name).string(),
+                                        (out.path() / name).string()));
+    EXPECT_EQ(rc, 0) << name << ": " << text;
+  }
+}
+
+TEST_F(Trainer, AnUnsupportedOrIncompleteConfigIsAnErrorNamingTheField) {
+  TempDir d;
+  json cfg = json::parse(read_file(model("qwen2") / "config.json"));
+  auto fails_with = [&](const json& c, const std::string& needle) {
+    fs::create_directories(d.path() / "m");
+    std::ofstream(d.path() / "m" / "config.json") << c.dump();
+    fs::copy_file(model("qwen2") / "model.safetensors", d.path() / "m" / "model.safetensors",
+                  fs::copy_options::overwrite_existing);
+    try {
+      CausalLM::load(d.path() / "m", at::kCPU);
+      ADD_FAILURE() << "loaded a config that should fail with " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  json c = cfg;
+  c.erase("hidden_size");
+  fails_with(c, "hidden_size");
+  c = cfg;
+  c["model_type"] = "mamba";
+  fails_with(c, "model_type mamba is not supported");
+  c = cfg;
+  c["rope_parameters"]["rope_type"] = "yarn";
+  fails_with(c, "rope_type yarn");
+  c = cfg;
+  c["num_hidden_layers"] = 5;  // more layers than the checkpoint holds
+  fails_with(c, "model.layers.2");
+}
+
+}  // namespace
+}  // namespace opforge::test

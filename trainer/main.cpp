@@ -1,0 +1,90 @@
+// opforge-trainer: the commands that run libtorch in-process (generate; train to come). A binary of
+// its own so that every other opforge process, the sandbox launcher of each judged solution among
+// them, does not load libtorch at start (0.6 s and 470 MB a process; docs/decisions.md); `opforge
+// generate` and `opforge train` exec it.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <iostream>
+
+#include "generate.h"
+#include "opforge/core/error.h"
+#include "opforge/core/log.h"
+#include "opforge/core/paths.h"
+#include "tokenizer.h"
+
+namespace {
+using json = nlohmann::json;
+using namespace opforge::trainer;
+
+struct GenerateArgs {
+  std::string model, prompt, device = "cpu";
+  bool chat = false, as_json = false;
+  SampleOptions sample;
+};
+
+at::Device pick_device(const std::string& d) {
+  OPFORGE_CHECK(d == "cpu" || d == "cuda", "--device must be cpu or cuda, not {}", d);
+  OPFORGE_CHECK(d == "cpu" || at::hasCUDA(), "--device cuda, but this libtorch sees no CUDA device");
+  return d == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+}
+
+int run_generate(GenerateArgs& a) {
+  CausalLM model = CausalLM::load(a.model, pick_device(a.device));
+  Tokenizer tok(a.model);
+  std::vector<int64_t> prompt = a.chat ? tok.encode_chat(json::array({{{"role", "user"}, {"content", a.prompt}}}))
+                                       : tok.encode(a.prompt);
+  if (auto eos = tok.eos_id()) a.sample.stop_ids.push_back(*eos);
+  if (auto pad = tok.pad_id()) a.sample.pad_id = *pad;
+  Generation g = generate(model, {prompt}, a.sample).front();
+  std::string text = tok.decode(g.tokens);
+  if (a.as_json) {
+    std::cout << json{{"prompt_ids", prompt}, {"ids", g.tokens}, {"logprobs", g.logprobs}, {"text", text},
+                      {"finish", g.finish}}.dump()
+              << "\n";
+  } else {
+    std::cout << text << "\n";
+  }
+  return 0;
+}
+
+void add_generate(CLI::App& app, std::function<int()>& run) {
+  auto a = std::make_shared<GenerateArgs>();
+  CLI::App* c = app.add_subcommand("generate", "Complete one prompt with a local Hugging Face model folder (Llama / "
+                                               "Qwen2 family); prints the completion on stdout");
+  c->add_option("--model", a->model, "Model folder: config.json, *.safetensors, tokenizer files")->required();
+  c->add_option("--prompt", a->prompt, "The prompt: raw text, or the user's message with --chat")->required();
+  c->add_flag("--chat", a->chat, "Apply the model's chat template to --prompt as one user message");
+  c->add_option("--max-new-tokens", a->sample.max_new_tokens, "Most tokens to generate")->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  c->add_flag("--greedy", a->sample.greedy, "Always take the most likely token (temperature and top-p ignored)");
+  c->add_option("--temperature", a->sample.temperature, "Sampling temperature")->capture_default_str();
+  c->add_option("--top-p", a->sample.top_p, "Nucleus sampling mass")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  c->add_option("--seed", a->sample.seed, "Sampling seed")->capture_default_str();
+  c->add_option("--device", a->device, "cpu (float32) or cuda (bfloat16)")->capture_default_str();
+  c->add_flag("--json", a->as_json, "Print {prompt_ids, ids, logprobs, text, finish} as one JSON line instead");
+  c->callback([a, &run] { run = [a] { return run_generate(*a); }; });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"opforge-trainer: generation and training in libtorch (run as `opforge generate` / `opforge train`)"};
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn or error (logs go to stderr)")->capture_default_str();
+  app.require_subcommand(1);
+  std::function<int()> run;
+  add_generate(app, run);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    opforge::init_logging(log_level);
+    return run ? run() : 0;
+  } catch (const std::exception& e) {
+    std::cerr << "opforge: error: " << opforge::describe(e) << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,77 @@
+// A causal language model of the Llama / Qwen2 family in libtorch: RMSNorm, rotary position
+// embeddings, grouped-query attention through at::scaled_dot_product_attention, a SwiGLU MLP, tied
+// or untied embeddings, Qwen2's q/k/v bias. Loaded from and saved to a Hugging Face model folder
+// (config.json, *.safetensors, the tokenizer's files copied along), so transformers reads what
+// opforge writes. Weights are kept by their Hugging Face names, which makes loading and saving a
+// rename-free copy.
+//
+// Thread safety: one model is used from one thread. Errors: an unsupported architecture or a
+// missing field or file throws opforge::Error naming it.
+#pragma once
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace opforge::trainer {
+
+struct LmConfig {
+  std::string model_type;  // "qwen2" or "llama"
+  int64_t vocab = 0, hidden = 0, intermediate = 0, layers = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  double rms_eps = 1e-6, rope_theta = 10000.0;
+  bool tie_embeddings = false, qkv_bias = false, o_bias = false, mlp_bias = false;
+  std::vector<int64_t> eos_ids;  // config.json's, then generation_config.json's
+  nlohmann::json raw;            // config.json as read, written back on save
+
+  // From a config.json; `where` names the file in errors.
+  static LmConfig from_json(const nlohmann::json& j, const std::string& where);
+};
+
+// Keys and values of every layer for the positions seen so far: [batch, kv_heads, capacity, head_dim],
+// filled up to `length`.
+struct KvCache {
+  std::vector<at::Tensor> k, v;
+  int64_t length = 0;
+};
+
+class CausalLM {
+ public:
+  // bf16 on CUDA, fp32 on the CPU unless `dtype` says otherwise.
+  static CausalLM load(const std::filesystem::path& dir, const at::Device& device,
+                       std::optional<at::ScalarType> dtype = std::nullopt);
+  // config.json, model.safetensors and the tokenizer / generation files of the folder it was loaded from.
+  void save(const std::filesystem::path& dir) const;
+
+  // Logits [B, T, vocab] (in the model's dtype) for `ids` [B, T]. `mask` [B, past + T] holds 1 for
+  // real tokens and 0 for padding; positions count real tokens only, so left-padded prompts and
+  // right-padded training rows get the positions they would have alone. With a cache, keys and
+  // values are appended to it (it must have room: make_cache).
+  at::Tensor forward(const at::Tensor& ids, const at::Tensor& mask, KvCache* cache = nullptr) const;
+  KvCache make_cache(int64_t batch, int64_t capacity) const;
+
+  std::vector<at::Tensor> parameters() const;  // every trainable tensor (tied weights once)
+  void set_requires_grad(bool on);
+  const LmConfig& config() const { return cfg_; }
+  const std::filesystem::path& source() const { return src_; }
+  at::Device device() const { return device_; }
+  at::ScalarType dtype() const { return dtype_; }
+
+ private:
+  at::Tensor layer(int64_t i, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                   const at::Tensor& attn_mask, KvCache* cache) const;
+  at::Tensor attention(int64_t i, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                       const at::Tensor& attn_mask, KvCache* cache) const;
+  const at::Tensor& w(const std::string& name) const;
+  const at::Tensor* maybe(const std::string& name) const;
+  LmConfig cfg_;
+  std::map<std::string, at::Tensor> w_;
+  std::filesystem::path src_;
+  at::Device device_{at::kCPU};
+  at::ScalarType dtype_ = at::kFloat;
+};
+
+}  // namespace opforge::trainer

@@ -1,0 +1,116 @@
+// The forward pass of CausalLM (model.h), written to match transformers' Llama/Qwen2 modules
+// operation for operation, so that logits agree to float32 rounding (tests/test_trainer.cpp).
+#include <fstream>
+
+#include "model.h"
+#include "opforge/core/error.h"
+#include "safetensors.h"
+
+namespace opforge::trainer {
+namespace fs = std::filesystem;
+
+namespace {
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  // As transformers: in float32, then back to the input's dtype before the weight.
+  at::Tensor h = x.to(at::kFloat);
+  h = h * at::rsqrt(h.pow(2).mean(-1, true) + eps);
+  return weight * h.to(x.scalar_type());
+}
+
+at::Tensor rotate_half(const at::Tensor& x) {
+  int64_t half = x.size(-1) / 2;
+  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor* b) {
+  return b ? at::linear(x, w, *b) : at::linear(x, w);
+}
+
+// Which keys each query may see: earlier-or-same positions that are real tokens. A query always
+// sees itself, so a padding query's row is never all masked (SDPA would give NaN, and NaN values
+// times a zero weight still poison the real rows).
+at::Tensor attention_mask(const at::Tensor& mask, int64_t past, int64_t T) {
+  int64_t L = mask.size(1);
+  auto opts = at::TensorOptions().device(mask.device()).dtype(at::kLong);
+  at::Tensor q = at::arange(past, past + T, opts).unsqueeze(1);  // [T, 1]
+  at::Tensor k = at::arange(0, L, opts).unsqueeze(0);            // [1, L]
+  at::Tensor allowed = (k <= q).unsqueeze(0) & mask.to(at::kBool).unsqueeze(1);  // [B, T, L]
+  return (allowed | (k == q).unsqueeze(0)).unsqueeze(1);                          // [B, 1, T, L]
+}
+
+}  // namespace
+
+at::Tensor CausalLM::forward(const at::Tensor& ids, const at::Tensor& mask, KvCache* cache) const {
+  const int64_t T = ids.size(1), past = cache ? cache->length : 0;
+  TORCH_CHECK(mask.dim() == 2 && mask.size(0) == ids.size(0) && mask.size(1) == past + T,
+              "forward: mask must be [batch, past + tokens] = [", ids.size(0), ", ", past + T, "], got ", mask.sizes());
+  TORCH_CHECK(!cache || cache->k.empty() || cache->k[0].size(2) >= past + T, "forward: the KV cache is full");
+  // Positions count real tokens only (transformers' generate does the same for left padding).
+  at::Tensor pos = (mask.to(at::kLong).cumsum(1) - 1).clamp_min(0).narrow(1, past, T);
+  auto f32 = at::TensorOptions().device(device_).dtype(at::kFloat);
+  at::Tensor inv = 1.0 / at::pow(cfg_.rope_theta, at::arange(0, cfg_.head_dim, 2, f32.dtype(at::kLong)).to(at::kFloat) /
+                                                      static_cast<double>(cfg_.head_dim));
+  at::Tensor freqs = pos.to(at::kFloat).unsqueeze(-1) * inv;  // [B, T, d/2]
+  at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);   // [B, 1, T, d]
+  at::Tensor cos = emb.cos().to(dtype_), sin = emb.sin().to(dtype_);
+  at::Tensor amask = attention_mask(mask.to(device_), past, T);
+  at::Tensor x = at::embedding(w("model.embed_tokens.weight"), ids.to(device_));
+  for (int64_t i = 0; i < cfg_.layers; ++i) x = layer(i, x, cos, sin, amask, cache);
+  if (cache) cache->length += T;
+  x = rms_norm(x, w("model.norm.weight"), cfg_.rms_eps);
+  return at::linear(x, cfg_.tie_embeddings ? w("model.embed_tokens.weight") : w("lm_head.weight"));
+}
+
+at::Tensor CausalLM::layer(int64_t i, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                           const at::Tensor& amask, KvCache* cache) const {
+  const std::string p = fmt::format("model.layers.{}.", i);
+  at::Tensor h = x + attention(i, rms_norm(x, w(p + "input_layernorm.weight"), cfg_.rms_eps), cos, sin, amask, cache);
+  at::Tensor n = rms_norm(h, w(p + "post_attention_layernorm.weight"), cfg_.rms_eps);
+  at::Tensor gate = linear(n, w(p + "mlp.gate_proj.weight"), maybe(p + "mlp.gate_proj.bias"));
+  at::Tensor up = linear(n, w(p + "mlp.up_proj.weight"), maybe(p + "mlp.up_proj.bias"));
+  return h + linear(at::silu(gate) * up, w(p + "mlp.down_proj.weight"), maybe(p + "mlp.down_proj.bias"));
+}
+
+at::Tensor CausalLM::attention(int64_t i, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                               const at::Tensor& amask, KvCache* cache) const {
+  const std::string p = fmt::format("model.layers.{}.self_attn.", i);
+  const int64_t B = x.size(0), T = x.size(1), d = cfg_.head_dim;
+  auto proj = [&](const char* name, int64_t heads) {
+    std::string base = p + name;
+    return linear(x, w(base + ".weight"), maybe(base + ".bias")).view({B, T, heads, d}).transpose(1, 2);
+  };
+  at::Tensor q = proj("q_proj", cfg_.heads), k = proj("k_proj", cfg_.kv_heads), v = proj("v_proj", cfg_.kv_heads);
+  q = q * cos + rotate_half(q) * sin;
+  k = k * cos + rotate_half(k) * sin;
+  if (cache) {
+    const int64_t past = cache->length;
+    cache->k[i].narrow(2, past, T).copy_(k);
+    cache->v[i].narrow(2, past, T).copy_(v);
+    k = cache->k[i].narrow(2, 0, past + T);
+    v = cache->v[i].narrow(2, 0, past + T);
+  }
+  const int64_t groups = cfg_.heads / cfg_.kv_heads;  // grouped-query attention: each kv head serves `groups` heads
+  if (groups > 1) {
+    k = k.repeat_interleave(groups, 1);
+    v = v.repeat_interleave(groups, 1);
+  }
+  at::Tensor o = at::scaled_dot_product_attention(q, k, v, amask);
+  return linear(o.transpose(1, 2).reshape({B, T, cfg_.heads * d}), w(p + "o_proj.weight"), maybe(p + "o_proj.bias"));
+}
+
+void CausalLM::save(const fs::path& dir) const {
+  fs::create_directories(dir);
+  // The tokenizer's and generation's files travel with the weights: transformers and vLLM load
+  // the folder as a whole.
+  for (auto& e : fs::directory_iterator(src_)) {
+    std::string name = e.path().filename().string();
+    bool weights = name.find(".safetensors") != std::string::npos || name == "config.json";
+    if (e.is_regular_file() && !weights && fs::absolute(src_) != fs::absolute(dir))
+      fs::copy_file(e.path(), dir / name, fs::copy_options::overwrite_existing);
+  }
+  std::ofstream(dir / "config.json") << cfg_.raw.dump(2) << "\n";
+  write_safetensors(dir / "model.safetensors", w_);
+}
+
+}  // namespace opforge::trainer
