@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <sstream>
 
 #include "generate.h"
 #include "model.h"
 #include "opforge/core/error.h"
 #include "safetensors.h"
+#include "tokenizer.h"
 #include "test_support.h"
 
 namespace opforge::test {
@@ -150,6 +152,62 @@ TEST_F(Trainer, AnUnsupportedOrIncompleteConfigIsAnErrorNamingTheField) {
   c = cfg;
   c["num_hidden_layers"] = 5;  // more layers than the checkpoint holds
   fails_with(c, "model.layers.2");
+}
+
+
+// SFT data: each record's loss mask is exactly its assistant turns (their text and end marker),
+// tool calls included; a record with no assistant turn is refused with its reason.
+TEST_F(Trainer, TheSftLossMaskCoversTheAssistantTurnsOnly) {
+  Tokenizer tok(model("qwen2"));
+  json call = {{"type", "function"}, {"function", {{"name", "bash"}, {"arguments", "{\"cmd\": \"ls\"}"}}}};
+  json rec = {{"messages", json::array({{{"role", "user"}, {"content", "write relu"}},
+                                        {{"role", "assistant"}, {"content", "def f(x): return x"}},
+                                        {{"role", "tool"}, {"content", "ok"}},
+                                        {{"role", "assistant"}, {"content", "done"}, {"tool_calls", {call}}}})}};
+  auto rows = tok.chat_rows(json::array({rec, {{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}}}), 0);
+  ASSERT_EQ(rows.size(), 2u);
+  ASSERT_TRUE(rows[0].error.empty()) << rows[0].error;
+  std::vector<int64_t> trained, rest;
+  for (std::size_t i = 0; i < rows[0].ids.size(); ++i) (rows[0].mask[i] ? trained : rest).push_back(rows[0].ids[i]);
+  EXPECT_EQ(tok.decode(trained, false), "def f(x): return x<|end|>\ndone<|call|>bash {\"cmd\": \"ls\"}<|end|>\n");
+  EXPECT_EQ(tok.decode(rest, false), "<|user|>write relu<|end|>\n<|assistant|><|tool|>ok<|end|>\n<|assistant|>");
+  EXPECT_NE(rows[1].error.find("no assistant token"), std::string::npos) << rows[1].error;
+}
+
+// opforge train sft: the loss falls, the weights change, a malformed line is skipped and counted,
+// and a run stopped after 2 steps and resumed to 4 ends with the very bytes of a run of 4.
+TEST_F(Trainer, SftLowersTheLossAndAResumedRunEndsBitwiseIdentical) {
+  TempDir d;
+  std::string data;
+  for (int i = 0; i < 10; ++i)
+    data += json{{"messages", json::array({{{"role", "user"}, {"content", "write op " + std::to_string(i % 3)}},
+                                           {{"role", "assistant"}, {"content", "def forward(self, x): return x"}}})}}
+                .dump() + "\n";
+  data += "not a record\n";
+  write_file(d / "sft.jsonl", data);
+  auto sft = [&](const std::string& out, const std::string& steps) {
+    return run_opforge({"train", "sft", "--model", model("qwen2").string(), "--data", (d / "sft.jsonl").string(),
+                        "--out", (d / out).string(), "--steps", steps, "--batch", "4", "--micro-batch", "3",
+                        "--lr", "1e-3", "--save-every", "2", "--val", (d / "sft.jsonl").string()});
+  };
+  CmdResult whole = sft("whole", "4");
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  EXPECT_EQ(whole.out, (d / "whole" / "model").string() + "\n");
+  EXPECT_NE(whole.err.find("10 training rows (1 skipped: line 11"), std::string::npos) << whole.err;
+  std::vector<json> m;
+  for (std::istringstream in(read_file(d / "whole" / "metrics.jsonl")); std::getline(in, data);) m.push_back(json::parse(data));
+  ASSERT_EQ(m.size(), 4u);
+  EXPECT_LT(m[3]["loss"].get<double>(), m[0]["loss"].get<double>());
+  EXPECT_TRUE(m[1].contains("val_loss") && m[3].contains("val_loss"));
+  EXPECT_TRUE(fs::exists(d / "whole" / "metrics.png"));
+  EXPECT_NE(read_file(d / "whole" / "model" / "model.safetensors"), read_file(model("qwen2") / "model.safetensors"));
+  ASSERT_EQ(sft("split", "2").exit_code, 0);
+  CmdResult resumed = sft("split", "4");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("resuming"), std::string::npos);
+  EXPECT_TRUE(read_file(d / "whole" / "model" / "model.safetensors") ==
+              read_file(d / "split" / "model" / "model.safetensors"))
+      << "a resumed run must end with the weights of an uninterrupted one";
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "generate.h"
+#include "sft.h"
 #include "opforge/core/error.h"
 #include "opforge/core/log.h"
 #include "opforge/core/paths.h"
@@ -66,6 +67,36 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
   c->callback([a, &run] { run = [a] { return run_generate(*a); }; });
 }
 
+void add_train(CLI::App& app, std::function<int()>& run) {
+  CLI::App* train = app.add_subcommand("train", "The paper's training stages on a local Hugging Face model (libtorch)");
+  train->require_subcommand(1);
+  auto o = std::make_shared<SftOptions>();
+  CLI::App* c = train->add_subcommand("sft", "Supervised fine-tuning on chat records, loss on assistant tokens only "
+                                             "(the RFT stage on `opforge agent sft` output); resumes from OUT/checkpoint; "
+                                             "prints the trained model's folder (OUT/model)");
+  c->add_option("--model", o->model, "Model folder to start from")->required();
+  c->add_option("--data", o->data, "JSONL of chat records ({messages, tools?} or {prompt, completion})")->required();
+  c->add_option("--out", o->out, "Output folder: model/, checkpoint/, metrics.jsonl, metrics.png")->required();
+  c->add_option("--val", o->val, "JSONL of validation records: loss at every checkpoint");
+  c->add_option("--epochs", o->epochs, "Passes over the data")->capture_default_str();
+  c->add_option("--steps", o->steps, "Optimizer steps (overrides --epochs when > 0)")->capture_default_str();
+  c->add_option("--batch", o->batch, "Records per optimizer step")->capture_default_str();
+  c->add_option("--micro-batch", o->micro_batch, "Records per forward/backward (0: the whole batch)")->capture_default_str();
+  c->add_option("--lr", o->lr, "AdamW learning rate")->capture_default_str();
+  c->add_option("--weight-decay", o->weight_decay, "AdamW weight decay")->capture_default_str();
+  c->add_option("--max-grad-norm", o->max_grad_norm, "Gradient clipping")->capture_default_str();
+  c->add_option("--max-len", o->max_len, "Tokens kept of a record")->capture_default_str();
+  c->add_option("--save-every", o->save_every, "Steps between checkpoints")->capture_default_str();
+  c->add_option("--seed", o->seed, "Data order")->capture_default_str();
+  c->add_option("--device", o->device, "cpu or cuda (float32 master weights on both)")->capture_default_str();
+  c->callback([o, &run] {
+    run = [o] {
+      std::cout << train_sft(*o).model_dir.string() << "\n";
+      return 0;
+    };
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -75,6 +106,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::function<int()> run;
   add_generate(app, run);
+  add_train(app, run);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

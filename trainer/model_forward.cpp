@@ -1,6 +1,7 @@
 // The forward pass of CausalLM (model.h), written to match transformers' Llama/Qwen2 modules
 // operation for operation, so that logits agree to float32 rounding (tests/test_trainer.cpp).
 #include <fstream>
+#include <set>
 
 #include "model.h"
 #include "opforge/core/error.h"
@@ -102,12 +103,14 @@ at::Tensor CausalLM::attention(int64_t i, const at::Tensor& x, const at::Tensor&
 void CausalLM::save(const fs::path& dir) const {
   fs::create_directories(dir);
   // The tokenizer's and generation's files travel with the weights: transformers and vLLM load
-  // the folder as a whole.
-  for (auto& e : fs::directory_iterator(src_)) {
-    std::string name = e.path().filename().string();
-    bool weights = name.find(".safetensors") != std::string::npos || name == "config.json";
-    if (e.is_regular_file() && !weights && fs::absolute(src_) != fs::absolute(dir))
-      fs::copy_file(e.path(), dir / name, fs::copy_options::overwrite_existing);
+  // the folder as a whole. Only those: a checkpoint's optimizer state stays in the checkpoint.
+  static const std::set<std::string> side = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                             "generation_config.json", "chat_template.jinja", "chat_template.json",
+                                             "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json"};
+  for (const auto& name : side) {
+    fs::path from = src_ / name;
+    if (fs::exists(from) && fs::absolute(src_) != fs::absolute(dir))
+      fs::copy_file(from, dir / name, fs::copy_options::overwrite_existing);
   }
   std::ofstream(dir / "config.json") << cfg_.raw.dump(2) << "\n";
   write_safetensors(dir / "model.safetensors", w_);

@@ -4,17 +4,22 @@
 
 #include "opforge/core/paths.h"
 #include "opforge/core/python_runtime.h"
+#include "python_bridge.h"
 
 namespace opforge::trainer {
 using json = nlohmann::json;
 
-namespace {
-PythonRuntime& runtime() {
-  // Made on first use: a trainer command that never tokenizes never starts Python.
-  static std::unique_ptr<PythonRuntime> rt = std::make_unique<PythonRuntime>(python_executable(), python_package_dir());
-  return *rt;
+nlohmann::json call_python(const char* module, const char* function, const nlohmann::json& request) {
+  // Made on first use: a trainer command that never tokenizes or plots never starts Python.
+  static std::unique_ptr<PythonRuntime> rt = [] {
+    auto r = std::make_unique<PythonRuntime>(python_executable(), python_package_dir());
+    r->release_between_calls();  // autograd runs on this thread between calls
+    return r;
+  }();
+  return json::parse(rt->call(module, function, request.dump()));
 }
 
+namespace {
 std::optional<int64_t> id_or_none(const json& v) {
   return v.is_number_integer() ? std::optional<int64_t>(v.get<int64_t>()) : std::nullopt;
 }
@@ -28,7 +33,7 @@ Tokenizer::Tokenizer(const std::filesystem::path& model_dir) : model_(std::files
 
 json Tokenizer::call(const char* fn, json request) const {
   request["model"] = model_;
-  return json::parse(runtime().call("opforge.tokenizer", fn, request.dump()));
+  return call_python("opforge.tokenizer", fn, request);
 }
 
 std::vector<int64_t> Tokenizer::encode(const std::string& text) const {
@@ -43,6 +48,22 @@ std::vector<int64_t> Tokenizer::encode_chat(const json& messages, const json& to
 
 std::string Tokenizer::decode(const std::vector<int64_t>& ids, bool skip_special) const {
   return call("decode", {{"ids", ids}, {"skip_special", skip_special}})["text"].get<std::string>();
+}
+
+std::vector<Tokenizer::ChatRow> Tokenizer::chat_rows(const json& records, int64_t max_len) const {
+  json r = call("chat_tokens", {{"records", records}, {"max_len", max_len}});
+  std::vector<ChatRow> out;
+  for (auto& row : r["rows"]) {
+    ChatRow c;
+    if (row.contains("error")) {
+      c.error = row["error"].get<std::string>();
+    } else {
+      c.ids = row["ids"].get<std::vector<int64_t>>();
+      c.mask = row["mask"].get<std::vector<uint8_t>>();
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
 }
 
 }  // namespace opforge::trainer

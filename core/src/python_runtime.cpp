@@ -67,7 +67,24 @@ PythonRuntime::PythonRuntime(const std::filesystem::path& python_exe, const std:
   Py_DECREF(dir);
 }
 
+void PythonRuntime::release_between_calls() {
+  if (!saved_) saved_ = PyEval_SaveThread();
+}
+
 std::string PythonRuntime::call(const std::string& module, const std::string& function, const std::string& arg) {
+  if (!saved_) return call_locked(module, function, arg);
+  PyGILState_STATE g = PyGILState_Ensure();
+  try {
+    std::string out = call_locked(module, function, arg);
+    PyGILState_Release(g);
+    return out;
+  } catch (...) {
+    PyGILState_Release(g);
+    throw;
+  }
+}
+
+std::string PythonRuntime::call_locked(const std::string& module, const std::string& function, const std::string& arg) {
   PyObject* mod = PyImport_ImportModule(module.c_str());
   if (!mod) throw Error(fmt::format("cannot import {}: {}", module, fetch_python_error()));
   PyObject* fn = PyObject_GetAttrString(mod, function.c_str());

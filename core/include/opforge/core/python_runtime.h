@@ -21,6 +21,14 @@ class PythonRuntime {
   // Calls module.function(arg) and returns its str result. A Python exception becomes
   // opforge::Error carrying the formatted traceback.
   std::string call(const std::string& module, const std::string& function, const std::string& arg);
+
+  // Gives the GIL up between calls (each call takes it back): for a process whose C++ also runs
+  // libtorch's autograd, which refuses to run while the GIL is held once Python imported torch.
+  void release_between_calls();
+
+ private:
+  std::string call_locked(const std::string& module, const std::string& function, const std::string& arg);
+  void* saved_ = nullptr;  // the PyThreadState given up, when released
 };
 
 // Body of `opforge worker`: imports opforge.worker (and so torch) once, writes one ready line,

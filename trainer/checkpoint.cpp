@@ -1,0 +1,64 @@
+#include "checkpoint.h"
+
+#include <torch/serialize.h>
+
+#include <fstream>
+
+#include "opforge/core/error.h"
+
+namespace opforge::trainer {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+fs::path checkpoint_dir(const fs::path& out) { return out / "checkpoint"; }
+
+bool has_checkpoint(const fs::path& out) {
+  // A kill between save_checkpoint's two renames leaves the previous checkpoint as checkpoint.old.
+  fs::path old = out / "checkpoint.old";
+  if (!fs::exists(checkpoint_dir(out)) && fs::exists(old / "state.json")) fs::rename(old, checkpoint_dir(out));
+  return fs::exists(checkpoint_dir(out) / "state.json");
+}
+
+void save_checkpoint(const fs::path& out, const CausalLM& model, torch::optim::Optimizer& opt, const TrainState& st) {
+  fs::path tmp = out / "checkpoint.tmp", dir = checkpoint_dir(out);
+  fs::remove_all(tmp);
+  model.save(tmp);
+  torch::serialize::OutputArchive archive;
+  opt.save(archive);
+  archive.save_to((tmp / "optimizer.pt").string());
+  std::ofstream(tmp / "state.json") << json{{"step", st.step}, {"extra", st.extra}}.dump(2) << "\n";
+  fs::path old = out / "checkpoint.old";
+  fs::remove_all(old);
+  if (fs::exists(dir)) fs::rename(dir, old);
+  fs::rename(tmp, dir);
+  fs::remove_all(old);
+}
+
+TrainState load_checkpoint(const fs::path& out, torch::optim::Optimizer& opt) {
+  fs::path dir = checkpoint_dir(out);
+  json j = json::parse(std::ifstream(dir / "state.json"), nullptr, false);
+  OPFORGE_CHECK(j.is_object() && j.contains("step"), "{}: state.json is unreadable; remove {} to start afresh",
+                dir.string(), dir.string());
+  torch::serialize::InputArchive archive;
+  archive.load_from((dir / "optimizer.pt").string());
+  opt.load(archive);
+  return {j["step"].get<int64_t>(), j.value("extra", json::object())};
+}
+
+MetricsLog::MetricsLog(const fs::path& file, int64_t keep_through_step) : file_(file) {
+  std::vector<std::string> kept;
+  if (std::ifstream in(file); in) {
+    for (std::string line; std::getline(in, line);) {
+      json j = json::parse(line, nullptr, false);
+      if (j.is_object() && j.value("step", int64_t{0}) <= keep_through_step) kept.push_back(line);
+    }
+  }
+  std::ofstream out(file, std::ios::trunc);
+  for (auto& l : kept) out << l << "\n";
+}
+
+void MetricsLog::write(const json& row) {
+  std::ofstream(file_, std::ios::app) << row.dump() << "\n";
+}
+
+}  // namespace opforge::trainer

@@ -1,0 +1,77 @@
+#include "data.h"
+
+#include <fstream>
+
+#include "opforge/core/error.h"
+
+namespace opforge::trainer {
+using json = nlohmann::json;
+
+namespace {
+json as_chat(const json& j) {
+  if (j.contains("messages")) return j;
+  std::string answer = j.contains("completion") ? "completion" : "response";
+  if (!j.contains("prompt") || !j["prompt"].is_string() || !j.contains(answer) || !j[answer].is_string())
+    return nullptr;
+  return {{"messages", json::array({{{"role", "user"}, {"content", j["prompt"]}},
+                                    {{"role", "assistant"}, {"content", j[answer]}}})}};
+}
+
+void skip(TokenRows& rows, std::string why) {
+  ++rows.skipped;
+  if (rows.skip_reasons.size() < 5) rows.skip_reasons.push_back(std::move(why));
+}
+}  // namespace
+
+TokenRows read_chat_rows(const std::filesystem::path& file, const Tokenizer& tok, int64_t max_len) {
+  std::ifstream in(file);
+  OPFORGE_CHECK(in, "cannot read {}: give a JSONL file of chat records", file.string());
+  TokenRows rows;
+  json records = json::array();
+  std::string line;
+  for (int64_t n = 1; std::getline(in, line); ++n) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    json j = json::parse(line, nullptr, false);
+    json chat = j.is_object() ? as_chat(j) : json(nullptr);
+    if (chat.is_null()) {
+      skip(rows, fmt::format("line {}: not a JSON object with messages, or prompt and completion", n));
+      continue;
+    }
+    records.push_back(std::move(chat));
+  }
+  for (auto& r : tok.chat_rows(records, max_len)) {
+    if (!r.error.empty()) {
+      skip(rows, r.error);
+      continue;
+    }
+    rows.ids.push_back(std::move(r.ids));
+    rows.loss_mask.push_back(std::move(r.mask));
+  }
+  OPFORGE_CHECK(!rows.ids.empty(), "{} holds no usable chat record ({} skipped{}{})", file.string(), rows.skipped,
+                rows.skip_reasons.empty() ? "" : ": ", rows.skip_reasons.empty() ? "" : rows.skip_reasons.front());
+  return rows;
+}
+
+Batch collate(const TokenRows& rows, const std::vector<int64_t>& pick, int64_t pad_id) {
+  int64_t T = 0;
+  for (auto i : pick) T = std::max<int64_t>(T, static_cast<int64_t>(rows.ids[i].size()));
+  const int64_t B = static_cast<int64_t>(pick.size());
+  Batch b;
+  b.ids = at::full({B, T}, pad_id, at::kLong);
+  b.attention = at::zeros({B, T}, at::kLong);
+  b.loss_mask = at::zeros({B, T}, at::kFloat);
+  for (int64_t r = 0; r < B; ++r) {
+    const auto& ids = rows.ids[pick[r]];
+    const auto& m = rows.loss_mask[pick[r]];
+    int64_t n = static_cast<int64_t>(ids.size());
+    b.ids[r].narrow(0, 0, n).copy_(at::tensor(ids, at::kLong));
+    b.attention[r].narrow(0, 0, n).fill_(1);
+    std::vector<float> mf(m.begin(), m.end());
+    b.loss_mask[r].narrow(0, 0, n).copy_(at::tensor(mf, at::kFloat));
+  }
+  // A token's loss is predicted from the one before it: the first token of a row never counts.
+  b.tokens = b.loss_mask.narrow(1, 1, std::max<int64_t>(T - 1, 0)).sum().item<int64_t>();
+  return b;
+}
+
+}  // namespace opforge::trainer

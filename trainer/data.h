@@ -1,0 +1,35 @@
+// Training rows for the trainer's stages: chat records read from JSONL, tokenized with the loss
+// mask on assistant tokens, and collated into right-padded batches.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "tokenizer.h"
+
+namespace opforge::trainer {
+
+struct TokenRows {
+  std::vector<std::vector<int64_t>> ids;
+  std::vector<std::vector<uint8_t>> loss_mask;
+  int64_t skipped = 0;  // lines that were not chat records, or that the template could not render
+  std::vector<std::string> skip_reasons;  // the first few, for the log
+};
+
+// Every line of `file` that is a JSON object with `messages` (OpenAI chat: agent sft's records
+// and TRL's conversational format), or with `prompt` and `completion`/`response` strings (made a
+// user and an assistant message). Throws when the file is missing or yields no row.
+TokenRows read_chat_rows(const std::filesystem::path& file, const Tokenizer& tok, int64_t max_len);
+
+struct Batch {
+  at::Tensor ids, attention, loss_mask;  // [B, T] each; long, long, float
+  int64_t tokens = 0;                    // loss tokens in the batch
+};
+
+// Rows `pick` of `rows`, right-padded with `pad_id` to the longest.
+Batch collate(const TokenRows& rows, const std::vector<int64_t>& pick, int64_t pad_id);
+
+}  // namespace opforge::trainer

@@ -1,0 +1,171 @@
+#include "sft.h"
+
+#include <spdlog/spdlog.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+#include <random>
+
+#include "checkpoint.h"
+#include "data.h"
+#include "opforge/core/error.h"
+#include "opforge/core/progress.h"
+#include "python_bridge.h"
+
+namespace opforge::trainer {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+json SftOptions::to_json() const {
+  return {{"model", model.string()}, {"data", data.string()}, {"val", val.string()}, {"out", out.string()},
+          {"epochs", epochs}, {"steps", steps}, {"batch", batch}, {"micro_batch", micro_batch},
+          {"max_len", max_len}, {"save_every", save_every}, {"lr", lr}, {"weight_decay", weight_decay},
+          {"max_grad_norm", max_grad_norm}, {"seed", seed}, {"device", device}};
+}
+
+namespace {
+
+// The rows of step `step` (1-based): epoch e's order is a shuffle seeded by (seed, e), so any step's
+// batch is known without replaying the ones before it (what resuming needs).
+std::vector<int64_t> rows_of_step(int64_t step, int64_t n, int64_t batch, uint64_t seed) {
+  int64_t per_epoch = (n + batch - 1) / batch, epoch = (step - 1) / per_epoch, k = (step - 1) % per_epoch;
+  std::vector<int64_t> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 rng(seed * 1000003ULL + static_cast<uint64_t>(epoch));
+  std::shuffle(order.begin(), order.end(), rng);
+  auto first = order.begin() + k * batch;
+  return std::vector<int64_t>(first, std::min(first + batch, order.end()));
+}
+
+// Summed negative log-likelihood of the loss tokens of one batch, and their count.
+at::Tensor nll_sum(const CausalLM& model, const Batch& b) {
+  at::Device d = model.device();
+  at::Tensor logits = model.forward(b.ids.to(d), b.attention.to(d)).to(at::kFloat);
+  int64_t T = b.ids.size(1);
+  at::Tensor logp = logits.narrow(1, 0, T - 1).log_softmax(-1);
+  at::Tensor target = b.ids.narrow(1, 1, T - 1).to(d).unsqueeze(-1);
+  return -(logp.gather(-1, target).squeeze(-1) * b.loss_mask.narrow(1, 1, T - 1).to(d)).sum();
+}
+
+std::vector<std::vector<int64_t>> chunks(const std::vector<int64_t>& pick, int64_t micro) {
+  std::vector<std::vector<int64_t>> out;
+  int64_t m = micro > 0 ? micro : static_cast<int64_t>(pick.size());
+  for (std::size_t i = 0; i < pick.size(); i += static_cast<std::size_t>(m))
+    out.emplace_back(pick.begin() + static_cast<std::ptrdiff_t>(i),
+                     pick.begin() + static_cast<std::ptrdiff_t>(std::min(pick.size(), i + static_cast<std::size_t>(m))));
+  return out;
+}
+
+// One optimizer step over `pick`, in micro-batches whose gradients add up to the whole batch's
+// token-mean loss. Returns {loss, grad_norm, tokens}.
+json sft_step(const CausalLM& model, torch::optim::Optimizer& opt, const TokenRows& rows,
+              const std::vector<int64_t>& pick, const SftOptions& o, int64_t pad) {
+  std::vector<Batch> parts;
+  int64_t tokens = 0;
+  for (auto& c : chunks(pick, o.micro_batch)) {
+    parts.push_back(collate(rows, c, pad));
+    tokens += parts.back().tokens;
+  }
+  opt.zero_grad();
+  double loss = 0;
+  for (auto& b : parts) {
+    at::Tensor l = nll_sum(model, b) / static_cast<double>(std::max<int64_t>(tokens, 1));
+    l.backward();
+    loss += l.item<double>();
+  }
+  double norm = torch::nn::utils::clip_grad_norm_(model.parameters(), o.max_grad_norm);
+  opt.step();
+  return {{"loss", loss}, {"grad_norm", norm}, {"tokens", tokens}};
+}
+
+double val_loss(const CausalLM& model, const TokenRows& rows, int64_t batch, int64_t pad) {
+  at::NoGradGuard no_grad;
+  double sum = 0;
+  int64_t tokens = 0;
+  std::vector<int64_t> all(rows.ids.size());
+  std::iota(all.begin(), all.end(), 0);
+  for (auto& c : chunks(all, batch)) {
+    Batch b = collate(rows, c, pad);
+    sum += nll_sum(model, b).item<double>();
+    tokens += b.tokens;
+  }
+  return sum / static_cast<double>(std::max<int64_t>(tokens, 1));
+}
+
+}  // namespace
+
+namespace {
+
+struct SftRun {
+  const SftOptions& o;
+  CausalLM model;
+  Tokenizer tok;
+  TokenRows rows, val;
+  int64_t pad = 0, total = 0;
+};
+
+at::Device device_of(const std::string& d) {
+  OPFORGE_CHECK(d == "cpu" || d == "cuda", "--device must be cpu or cuda, not {}", d);
+  OPFORGE_CHECK(d == "cpu" || at::hasCUDA(), "--device cuda, but this libtorch sees no CUDA device");
+  return d == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+}
+
+// Weights in float32 on either device: the master copy AdamW updates (a bf16 weight would lose
+// the small updates of a 1e-5 learning rate).
+SftRun open_run(const SftOptions& o, bool resume) {
+  SftRun r{o, CausalLM::load(resume ? checkpoint_dir(o.out) : o.model, device_of(o.device), at::kFloat), Tokenizer(o.model),
+           {}, {}, 0, 0};
+  r.rows = read_chat_rows(o.data, r.tok, o.max_len);
+  if (!o.val.empty()) r.val = read_chat_rows(o.val, r.tok, o.max_len);
+  r.pad = r.tok.pad_id().value_or(r.tok.eos_id().value_or(0));
+  int64_t n = static_cast<int64_t>(r.rows.ids.size());
+  r.total = o.steps > 0 ? o.steps : o.epochs * ((n + o.batch - 1) / o.batch);
+  spdlog::info("sft: {} training rows ({} skipped{}{}), {} validation rows, {} steps", n, r.rows.skipped,
+               r.rows.skip_reasons.empty() ? "" : ": ", r.rows.skip_reasons.empty() ? "" : r.rows.skip_reasons[0],
+               r.val.ids.size(), r.total);
+  r.model.set_requires_grad(true);
+  return r;
+}
+
+}  // namespace
+
+SftResult train_sft(const SftOptions& o) {
+  OPFORGE_CHECK(o.batch > 0 && o.micro_batch >= 0 && o.save_every > 0, "--batch and --save-every must be > 0");
+  fs::create_directories(o.out);
+  spdlog::info("sft options: {}", o.to_json().dump());
+  bool resume = has_checkpoint(o.out);
+  SftRun r = open_run(o, resume);
+  torch::optim::AdamW opt(r.model.parameters(),
+                          torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay).betas({0.9, 0.95}));
+  TrainState st = resume ? load_checkpoint(o.out, opt) : TrainState{};
+  if (resume) spdlog::info("sft: resuming {} after step {}", checkpoint_dir(o.out).string(), st.step);
+  MetricsLog log(o.out / "metrics.jsonl", st.step);
+  SftResult res;
+  Progress progress("sft", static_cast<std::size_t>(r.total));
+  progress.tick(static_cast<std::size_t>(st.step));
+  for (int64_t step = st.step + 1; step <= r.total; ++step) {
+    auto t0 = std::chrono::steady_clock::now();
+    json m = sft_step(r.model, opt, r.rows, rows_of_step(step, static_cast<int64_t>(r.rows.ids.size()), o.batch, o.seed), o, r.pad);
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    m.update({{"step", step}, {"lr", o.lr}, {"seconds", secs}, {"tokens_per_s", m["tokens"].get<double>() / secs}});
+    res.last_loss = m["loss"].get<double>();
+    bool save = step % o.save_every == 0 || step == r.total;
+    if (save && !r.val.ids.empty()) m["val_loss"] = res.val_loss = val_loss(r.model, r.val, o.batch, r.pad);
+    log.write(m);
+    if (save) save_checkpoint(o.out, r.model, opt, {step, {{"stage", "sft"}}});
+    progress.tick(1, fmt::format("loss {:.4f}", res.last_loss));
+  }
+  progress.finish();
+  res.steps = r.total;
+  res.model_dir = o.out / "model";
+  r.model.save(res.model_dir);
+  call_python("opforge.train_plots", "plot", {{"metrics", (o.out / "metrics.jsonl").string()},
+                                              {"out", (o.out / "metrics.png").string()}, {"title", "opforge train sft"},
+                                              {"keys", {"loss", "val_loss", "grad_norm", "tokens_per_s"}}});
+  return res;
+}
+
+}  // namespace opforge::trainer
