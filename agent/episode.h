@@ -12,6 +12,8 @@
 
 namespace opforge::agent {
 
+using evaluator::JudgeClient;
+
 struct EpisodeTask {
   std::string task_id, name, folder;  // folder: under the run's work/
   std::string code;                   // the task's model.py

@@ -27,6 +27,8 @@ using nlohmann::json;
 
 namespace opforge::agent {
 
+using evaluator::JudgeProcess;
+
 std::vector<json> read_records(const fs::path& p) {
   std::vector<json> out;
   if (!fs::exists(p)) return out;

@@ -25,6 +25,9 @@ using nlohmann::json;
 
 namespace opforge::agent {
 
+using evaluator::JudgeClient;
+using evaluator::JudgeProcess;
+
 namespace {
 
 // Folder -> task id, from the run's manifest (written by export, out of the agent's reach): a

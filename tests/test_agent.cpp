@@ -282,7 +282,7 @@ TEST(Agent, TheFolderIsReadWithinTheJudgesLimitsAndPastThemTheEpisodeGetsMinusOn
       << "each stray byte one U+FFFD, a whole sequence kept";
 
   agent::EpisodeTask t{"id", "task", "folder", "code", d.path()};
-  agent::JudgeClient nowhere{"http://127.0.0.1:9", "", 1, 1};
+  evaluator::JudgeClient nowhere{"http://127.0.0.1:9", "", 1, 1};
   json row = agent::final_row(t, nowhere, many);
   EXPECT_EQ(row["reward"], -1);
   EXPECT_EQ(row["reason"], "bad_submission") << row.dump();

@@ -2,11 +2,13 @@
 // made offline by tests/python/tiny_lm.py, whose logits and greedy tokens transformers computed.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
 #include "generate.h"
 #include "model.h"
+#include "ppo_stage.h"
 #include "opforge/core/error.h"
 #include "safetensors.h"
 #include "tokenizer.h"
@@ -208,6 +210,57 @@ TEST_F(Trainer, SftLowersTheLossAndAResumedRunEndsBitwiseIdentical) {
   EXPECT_TRUE(read_file(d / "whole" / "model" / "model.safetensors") ==
               read_file(d / "split" / "model" / "model.safetensors"))
       << "a resumed run must end with the weights of an uninterrupted one";
+}
+
+
+// PPO on a reward whose rise is certain: the share of an answer's tokens in a chosen tenth of the
+// vocabulary. Its mean over the last two steps must beat the first step's, and a run stopped after
+// 2 steps and resumed to 4 ends with the bytes of a run of 4 (actor and critic).
+TEST_F(Trainer, PpoRaisesASyntheticRewardAndAResumedRunEndsBitwiseIdentical) {
+  TempDir d;
+  Tokenizer tok(model("qwen2"));
+  std::vector<Prompt> prompts = {{"a", {5, 9, 30}}, {"b", {17, 3}}, {"c", {40, 41, 42, 43}}, {"d", {8}}};
+  RewardFn share = [](const std::vector<std::string>& ids, const std::vector<std::string>&,
+                      const std::vector<std::vector<int64_t>>& tokens) {
+    std::vector<std::optional<double>> out;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      double hit = 0;
+      for (auto t : tokens[i]) hit += t % 10 == 3;
+      // Task "d"'s answers are never judged: a null reward drops them, it does not score them.
+      out.push_back(ids[i] == "d" ? std::nullopt : std::optional<double>(hit / static_cast<double>(tokens[i].size())));
+    }
+    return out;
+  };
+  auto run = [&](const std::string& out, int64_t steps) {
+    PpoOptions o;
+    o.actor = model("qwen2");
+    o.out = d / out;
+    o.steps = steps;
+    o.batch = 4;
+    o.rollouts_per_task = 6;
+    o.max_new_tokens = 8;
+    o.lr = 2e-3;
+    o.critic_lr = 2e-3;
+    o.ppo_epochs = 2;
+    o.mini_batch = 9;
+    o.kl_coef = 0.01;
+    return train_ppo(o, prompts, tok, share);
+  };
+  PpoResult whole = run("whole", 6);
+  ASSERT_EQ(whole.reward_mean.size(), 6u);
+  double last = (whole.reward_mean[4] + whole.reward_mean[5]) / 2;
+  EXPECT_GT(last, whole.reward_mean[0] + 0.1) << "first " << whole.reward_mean[0] << ", last two " << last;
+  json first = json::parse(read_file(d / "whole" / "metrics.jsonl").substr(0, read_file(d / "whole" / "metrics.jsonl").find('\n')));
+  EXPECT_EQ(first["dropped"], 6);
+  EXPECT_LT(first["rollout_logp_gap"].get<double>(), 1e-4) << "the rollout's logprobs are the trainer's";
+  for (const char* k : {"approx_kl", "entropy", "value_loss", "clip_fraction", "explained_variance", "kl_ref"})
+    EXPECT_TRUE(first.contains(k) && std::isfinite(first[k].get<double>())) << k;
+  run("split", 2);
+  PpoResult resumed = run("split", 6);
+  EXPECT_EQ(resumed.reward_mean.size(), 4u);
+  EXPECT_TRUE(read_file(d / "whole" / "actor" / "model.safetensors") == read_file(d / "split" / "actor" / "model.safetensors"));
+  EXPECT_TRUE(read_file(d / "whole" / "critic" / "value_head.safetensors") ==
+              read_file(d / "split" / "critic" / "value_head.safetensors"));
 }
 
 }  // namespace

@@ -10,7 +10,9 @@ namespace opforge::trainer {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-fs::path checkpoint_dir(const fs::path& out) { return out / "checkpoint"; }
+fs::path checkpoint_dir(const fs::path& out, const std::string& part) {
+  return part.empty() ? out / "checkpoint" : out / "checkpoint" / part;
+}
 
 bool has_checkpoint(const fs::path& out) {
   // A kill between save_checkpoint's two renames leaves the previous checkpoint as checkpoint.old.
@@ -19,13 +21,16 @@ bool has_checkpoint(const fs::path& out) {
   return fs::exists(checkpoint_dir(out) / "state.json");
 }
 
-void save_checkpoint(const fs::path& out, const CausalLM& model, torch::optim::Optimizer& opt, const TrainState& st) {
+void save_checkpoint(const fs::path& out, const std::vector<CheckpointPart>& parts, const TrainState& st) {
   fs::path tmp = out / "checkpoint.tmp", dir = checkpoint_dir(out);
   fs::remove_all(tmp);
-  model.save(tmp);
-  torch::serialize::OutputArchive archive;
-  opt.save(archive);
-  archive.save_to((tmp / "optimizer.pt").string());
+  for (auto& p : parts) {
+    fs::path d = p.name.empty() ? tmp : tmp / p.name;
+    p.save_weights(d);
+    torch::serialize::OutputArchive archive;
+    p.optimizer->save(archive);
+    archive.save_to((d / "optimizer.pt").string());
+  }
   std::ofstream(tmp / "state.json") << json{{"step", st.step}, {"extra", st.extra}}.dump(2) << "\n";
   fs::path old = out / "checkpoint.old";
   fs::remove_all(old);
@@ -34,14 +39,16 @@ void save_checkpoint(const fs::path& out, const CausalLM& model, torch::optim::O
   fs::remove_all(old);
 }
 
-TrainState load_checkpoint(const fs::path& out, torch::optim::Optimizer& opt) {
+TrainState load_checkpoint(const fs::path& out, const std::vector<CheckpointPart>& parts) {
   fs::path dir = checkpoint_dir(out);
   json j = json::parse(std::ifstream(dir / "state.json"), nullptr, false);
   OPFORGE_CHECK(j.is_object() && j.contains("step"), "{}: state.json is unreadable; remove {} to start afresh",
                 dir.string(), dir.string());
-  torch::serialize::InputArchive archive;
-  archive.load_from((dir / "optimizer.pt").string());
-  opt.load(archive);
+  for (auto& p : parts) {
+    torch::serialize::InputArchive archive;
+    archive.load_from((checkpoint_dir(out, p.name) / "optimizer.pt").string());
+    p.optimizer->load(archive);
+  }
   return {j["step"].get<int64_t>(), j.value("extra", json::object())};
 }
 

@@ -6,6 +6,8 @@
 #include <torch/optim/optimizer.h>
 
 #include <filesystem>
+#include <functional>
+#include <vector>
 #include <optional>
 
 #include "model.h"
@@ -17,12 +19,21 @@ struct TrainState {
   nlohmann::json extra = nlohmann::json::object();
 };
 
-std::filesystem::path checkpoint_dir(const std::filesystem::path& out);
+// One trained model of a checkpoint: its weights saved into a folder (checkpoint/<name>, or the
+// checkpoint folder itself when name is empty) with its optimizer's state beside them.
+struct CheckpointPart {
+  std::string name;
+  std::function<void(const std::filesystem::path&)> save_weights;
+  torch::optim::Optimizer* optimizer;
+};
+
+std::filesystem::path checkpoint_dir(const std::filesystem::path& out, const std::string& part = "");
 bool has_checkpoint(const std::filesystem::path& out);
-void save_checkpoint(const std::filesystem::path& out, const CausalLM& model, torch::optim::Optimizer& opt,
-                     const TrainState& state);
-// The optimizer's state and state.json; the weights are loaded by CausalLM::load(checkpoint_dir).
-TrainState load_checkpoint(const std::filesystem::path& out, torch::optim::Optimizer& opt);
+// Every part and state.json in one folder, renamed into place at once: a resumed run never sees
+// an actor of one step beside a critic of another.
+void save_checkpoint(const std::filesystem::path& out, const std::vector<CheckpointPart>& parts, const TrainState& state);
+// The optimizers' state and state.json; the weights are loaded from checkpoint_dir(out, name).
+TrainState load_checkpoint(const std::filesystem::path& out, const std::vector<CheckpointPart>& parts);
 
 // metrics.jsonl of a stage: one JSON object a step. A resumed run first drops the lines past the
 // checkpoint's step (a killed run may have logged steps it never saved).

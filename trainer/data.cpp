@@ -1,6 +1,9 @@
 #include "data.h"
 
+#include <algorithm>
 #include <fstream>
+#include <numeric>
+#include <random>
 
 #include "opforge/core/error.h"
 
@@ -72,6 +75,16 @@ Batch collate(const TokenRows& rows, const std::vector<int64_t>& pick, int64_t p
   // A token's loss is predicted from the one before it: the first token of a row never counts.
   b.tokens = b.loss_mask.narrow(1, 1, std::max<int64_t>(T - 1, 0)).sum().item<int64_t>();
   return b;
+}
+
+std::vector<int64_t> batch_of_step(int64_t step, int64_t n, int64_t batch, uint64_t seed) {
+  int64_t per_epoch = (n + batch - 1) / batch, epoch = (step - 1) / per_epoch, k = (step - 1) % per_epoch;
+  std::vector<int64_t> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 rng(seed * 1000003ULL + static_cast<uint64_t>(epoch));
+  std::shuffle(order.begin(), order.end(), rng);
+  auto first = order.begin() + k * batch;
+  return std::vector<int64_t>(first, std::min(first + batch, order.end()));
 }
 
 }  // namespace opforge::trainer

@@ -32,4 +32,9 @@ struct Batch {
 // Rows `pick` of `rows`, right-padded with `pad_id` to the longest.
 Batch collate(const TokenRows& rows, const std::vector<int64_t>& pick, int64_t pad_id);
 
+// The items of step `step` (1-based) in batches of `batch` over `n` items: epoch e's order is a
+// shuffle seeded by (seed, e), so any step's batch is known without replaying the steps before it
+// (what resuming needs).
+std::vector<int64_t> batch_of_step(int64_t step, int64_t n, int64_t batch, uint64_t seed);
+
 }  // namespace opforge::trainer

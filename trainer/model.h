@@ -51,6 +51,8 @@ class CausalLM {
   // right-padded training rows get the positions they would have alone. With a cache, keys and
   // values are appended to it (it must have room: make_cache).
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& mask, KvCache* cache = nullptr) const;
+  // The last layer's normed hidden states [B, T, hidden]: what the logits and a critic's value head read.
+  at::Tensor hidden(const at::Tensor& ids, const at::Tensor& mask, KvCache* cache = nullptr) const;
   KvCache make_cache(int64_t batch, int64_t capacity) const;
 
   std::vector<at::Tensor> parameters() const;  // every trainable tensor (tied weights once)

@@ -43,6 +43,10 @@ at::Tensor attention_mask(const at::Tensor& mask, int64_t past, int64_t T) {
 }  // namespace
 
 at::Tensor CausalLM::forward(const at::Tensor& ids, const at::Tensor& mask, KvCache* cache) const {
+  return at::linear(hidden(ids, mask, cache), cfg_.tie_embeddings ? w("model.embed_tokens.weight") : w("lm_head.weight"));
+}
+
+at::Tensor CausalLM::hidden(const at::Tensor& ids, const at::Tensor& mask, KvCache* cache) const {
   const int64_t T = ids.size(1), past = cache ? cache->length : 0;
   TORCH_CHECK(mask.dim() == 2 && mask.size(0) == ids.size(0) && mask.size(1) == past + T,
               "forward: mask must be [batch, past + tokens] = [", ids.size(0), ", ", past + T, "], got ", mask.sizes());
@@ -59,8 +63,7 @@ at::Tensor CausalLM::forward(const at::Tensor& ids, const at::Tensor& mask, KvCa
   at::Tensor x = at::embedding(w("model.embed_tokens.weight"), ids.to(device_));
   for (int64_t i = 0; i < cfg_.layers; ++i) x = layer(i, x, cos, sin, amask, cache);
   if (cache) cache->length += T;
-  x = rms_norm(x, w("model.norm.weight"), cfg_.rms_eps);
-  return at::linear(x, cfg_.tie_embeddings ? w("model.embed_tokens.weight") : w("lm_head.weight"));
+  return rms_norm(x, w("model.norm.weight"), cfg_.rms_eps);
 }
 
 at::Tensor CausalLM::layer(int64_t i, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,

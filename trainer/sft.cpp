@@ -28,18 +28,6 @@ json SftOptions::to_json() const {
 
 namespace {
 
-// The rows of step `step` (1-based): epoch e's order is a shuffle seeded by (seed, e), so any step's
-// batch is known without replaying the ones before it (what resuming needs).
-std::vector<int64_t> rows_of_step(int64_t step, int64_t n, int64_t batch, uint64_t seed) {
-  int64_t per_epoch = (n + batch - 1) / batch, epoch = (step - 1) / per_epoch, k = (step - 1) % per_epoch;
-  std::vector<int64_t> order(static_cast<std::size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
-  std::mt19937_64 rng(seed * 1000003ULL + static_cast<uint64_t>(epoch));
-  std::shuffle(order.begin(), order.end(), rng);
-  auto first = order.begin() + k * batch;
-  return std::vector<int64_t>(first, std::min(first + batch, order.end()));
-}
-
 // Summed negative log-likelihood of the loss tokens of one batch, and their count.
 at::Tensor nll_sum(const CausalLM& model, const Batch& b) {
   at::Device d = model.device();
@@ -140,7 +128,8 @@ SftResult train_sft(const SftOptions& o) {
   SftRun r = open_run(o, resume);
   torch::optim::AdamW opt(r.model.parameters(),
                           torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay).betas({0.9, 0.95}));
-  TrainState st = resume ? load_checkpoint(o.out, opt) : TrainState{};
+  std::vector<CheckpointPart> parts = {{"", [&](const fs::path& d) { r.model.save(d); }, &opt}};
+  TrainState st = resume ? load_checkpoint(o.out, parts) : TrainState{};
   if (resume) spdlog::info("sft: resuming {} after step {}", checkpoint_dir(o.out).string(), st.step);
   MetricsLog log(o.out / "metrics.jsonl", st.step);
   SftResult res;
@@ -148,14 +137,14 @@ SftResult train_sft(const SftOptions& o) {
   progress.tick(static_cast<std::size_t>(st.step));
   for (int64_t step = st.step + 1; step <= r.total; ++step) {
     auto t0 = std::chrono::steady_clock::now();
-    json m = sft_step(r.model, opt, r.rows, rows_of_step(step, static_cast<int64_t>(r.rows.ids.size()), o.batch, o.seed), o, r.pad);
+    json m = sft_step(r.model, opt, r.rows, batch_of_step(step, static_cast<int64_t>(r.rows.ids.size()), o.batch, o.seed), o, r.pad);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     m.update({{"step", step}, {"lr", o.lr}, {"seconds", secs}, {"tokens_per_s", m["tokens"].get<double>() / secs}});
     res.last_loss = m["loss"].get<double>();
     bool save = step % o.save_every == 0 || step == r.total;
     if (save && !r.val.ids.empty()) m["val_loss"] = res.val_loss = val_loss(r.model, r.val, o.batch, r.pad);
     log.write(m);
-    if (save) save_checkpoint(o.out, r.model, opt, {step, {{"stage", "sft"}}});
+    if (save) save_checkpoint(o.out, parts, {step, {{"stage", "sft"}}});
     progress.tick(1, fmt::format("loss {:.4f}", res.last_loss));
   }
   progress.finish();

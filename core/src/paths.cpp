@@ -27,6 +27,11 @@ std::filesystem::path python_executable() {
 
 std::filesystem::path self_executable() { return std::filesystem::read_symlink("/proc/self/exe"); }
 
+std::filesystem::path opforge_executable() {
+  std::filesystem::path self = self_executable();
+  return self.filename() == "opforge" ? self : self.parent_path() / "opforge";
+}
+
 const char* version() { return OPFORGE_VERSION; }
 
 namespace {

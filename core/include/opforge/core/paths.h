@@ -19,6 +19,8 @@ std::filesystem::path python_executable();
 int run_python_module(const std::string& module, const std::vector<std::string>& args);
 // This binary (/proc/self/exe), used to spawn `opforge worker` children.
 std::filesystem::path self_executable();
+// The opforge binary: this process's own executable when it is named opforge, else `opforge` beside it.
+std::filesystem::path opforge_executable();
 const char* version();
 
 }  // namespace opforge

@@ -1,5 +1,5 @@
-// The agent's link to the judge: `opforge serve`'s POST /v1/evaluate over libcurl, for the
-// scripts of a working folder (relayed from its sandbox) and for the final evaluation.
+// The evaluator's client of `opforge serve`: its POST /v1/evaluate over libcurl, used by the agent
+// (the scripts of a working folder, relayed from its sandbox, and the final evaluation) and the trainer.
 //
 // Errors: none thrown. A judge that cannot be reached, refuses, or answers what is not a row comes
 // back as a row with `retryable: true` and its reason: a failure of the environment is never the
@@ -9,7 +9,7 @@
 
 #include <string>
 
-namespace opforge::agent {
+namespace opforge::evaluator {
 
 struct JudgeClient {
   std::string url;    // http://host:port of opforge serve
@@ -23,4 +23,4 @@ struct JudgeClient {
   nlohmann::json evaluate_settled(const std::string& task_id, const nlohmann::json& files, int rounds = 3) const;
 };
 
-}  // namespace opforge::agent
+}  // namespace opforge::evaluator

@@ -19,12 +19,12 @@
 
 namespace fs = std::filesystem;
 
-namespace opforge::agent {
+namespace opforge::evaluator {
 
 JudgeProcess::JudgeProcess(const fs::path& tasks, const std::string& device, const std::vector<std::string>& extra,
                          const fs::path& dir) {
   fs::create_directories(dir);
-  std::vector<std::string> args = {self_executable().string(), "serve", "--tasks", fs::absolute(tasks).string(),
+  std::vector<std::string> args = {opforge_executable().string(), "serve", "--tasks", fs::absolute(tasks).string(),
                                    "--port", "0", "--device", device, "--state-dir", (dir / "state").string()};
   args.insert(args.end(), extra.begin(), extra.end());
   start(args, dir / "serve.log");
@@ -39,8 +39,8 @@ JudgeProcess::~JudgeProcess() {
   if (out_ >= 0) ::close(out_);
 }
 
-// fork + exec rather than posix_spawn: the judge must die with this run (PR_SET_PDEATHSIG), even
-// when the run is killed, or its workers would hold the port and the GPU.
+// fork + exec rather than posix_spawn: the judge must die with this command (PR_SET_PDEATHSIG), even
+// when it is killed, or its workers would hold the port and the GPU.
 void JudgeProcess::start(const std::vector<std::string>& args, const fs::path& log) {
   int p[2];
   OPFORGE_CHECK(::pipe2(p, O_CLOEXEC) == 0, "cannot make a pipe for the judge");
@@ -53,7 +53,7 @@ void JudgeProcess::start(const std::vector<std::string>& args, const fs::path& l
   OPFORGE_CHECK(pid_ >= 0, "cannot start the judge (opforge serve): {}", std::strerror(errno));
   if (pid_ == 0) {  // only async-signal-safe calls until exec
     ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (::getppid() != parent) ::_exit(127);  // the run died before the signal was armed
+    if (::getppid() != parent) ::_exit(127);  // the command died before the signal was armed
     int err = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     ::dup2(p[1], 1);
     if (err >= 0) ::dup2(err, 2);
@@ -82,4 +82,4 @@ std::string JudgeProcess::wait_for_url(const fs::path& log) {
                           tail.size() > 3000 ? tail.substr(tail.size() - 3000) : tail));
 }
 
-}  // namespace opforge::agent
+}  // namespace opforge::evaluator

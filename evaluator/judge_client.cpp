@@ -8,7 +8,7 @@
 #include <mutex>
 #include <thread>
 
-namespace opforge::agent {
+namespace opforge::evaluator {
 
 using nlohmann::json;
 
@@ -66,7 +66,7 @@ json JudgeClient::evaluate(const std::string& task_id, const json& files) const 
     json row = json::parse(a.body, nullptr, false);
     if (a.status == 200 && row.is_object()) return row;
     // The submission itself is malformed (a bad file name; 413: past the service's payload limit):
-    // the agent's doing, not the environment's.
+    // the submitter's doing, not the environment's.
     if (a.status == 400 || a.status == 413)
       return {{"reward", -1}, {"correct", false}, {"reason", "bad_submission"}, {"detail", a.body.substr(0, 2000)}};
     return environment_failure(fmt::format("judge_http_{}", a.status), a.body.substr(0, 2000));
@@ -85,4 +85,4 @@ json JudgeClient::evaluate_settled(const std::string& task_id, const json& files
   return row;
 }
 
-}  // namespace opforge::agent
+}  // namespace opforge::evaluator

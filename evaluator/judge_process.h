@@ -1,5 +1,6 @@
-// `opforge serve` as a child of an agent command (the run, the SFT set's re-judging), on a free
-// loopback port, until the command ends; it dies with the command even when that is killed.
+// The evaluator's client of `opforge serve`, run as a child of the command that needs a judge (the
+// agent's run and its SFT set's re-judging, the trainer) on a free loopback port, until the command
+// ends; it dies with the command even when that is killed. The binary is opforge_executable().
 //
 // Errors: a judge that does not start throws opforge::Error with the end of its log.
 #pragma once
@@ -9,11 +10,11 @@
 #include <string>
 #include <vector>
 
-namespace opforge::agent {
+namespace opforge::evaluator {
 
 class JudgeProcess {
  public:
-  // serve --tasks TASKS --port 0 --device DEVICE --state-dir DIR/state EXTRA..., stderr in DIR/serve.log.
+  // opforge serve --tasks TASKS --port 0 --device DEVICE --state-dir DIR/state EXTRA..., stderr in DIR/serve.log.
   JudgeProcess(const std::filesystem::path& tasks, const std::string& device, const std::vector<std::string>& extra,
                const std::filesystem::path& dir);
   ~JudgeProcess();
@@ -30,4 +31,4 @@ class JudgeProcess {
   std::string url_;
 };
 
-}  // namespace opforge::agent
+}  // namespace opforge::evaluator

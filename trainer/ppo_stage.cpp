@@ -1,0 +1,285 @@
+#include "ppo_stage.h"
+
+#include <spdlog/spdlog.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim/adamw.h>
+
+#include <chrono>
+#include <map>
+
+#include "checkpoint.h"
+#include "data.h"
+#include "generate.h"
+#include "opforge/core/error.h"
+#include "opforge/core/progress.h"
+#include "ppo.h"
+#include "python_bridge.h"
+#include "value.h"
+
+namespace opforge::trainer {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+json PpoOptions::to_json() const {
+  return {{"actor", actor.string()}, {"critic", critic.string()}, {"out", out.string()}, {"steps", steps},
+          {"batch", batch}, {"rollouts_per_task", rollouts_per_task}, {"ppo_epochs", ppo_epochs},
+          {"mini_batch", mini_batch}, {"max_new_tokens", max_new_tokens}, {"lr", lr}, {"critic_lr", critic_lr},
+          {"temperature", temperature}, {"top_p", top_p}, {"clip_low", clip_low}, {"clip_high", clip_high},
+          {"dual_clip", dual_clip}, {"value_clip", value_clip}, {"kl_coef", kl_coef}, {"gamma", gamma}, {"lam", lam},
+          {"max_grad_norm", max_grad_norm}, {"weight_decay", weight_decay}, {"seed", seed}, {"device", device}};
+}
+
+namespace {
+
+double secs_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// What one iteration's update reads. Token t of row i predicts ids[i][t + 1]: every per-action
+// tensor is [N, L - 1], `mask` 1 on the answer's tokens.
+struct Rollouts {
+  at::Tensor ids, attention, mask, rollout_logp;
+  std::vector<double> rewards;
+  std::vector<int64_t> last;  // each row's last action position
+};
+
+Rollouts collate_rollouts(const std::vector<std::vector<int64_t>>& prompts, const std::vector<Generation>& gens,
+                          const std::vector<std::size_t>& keep, int64_t pad) {
+  int64_t L = 0;
+  for (auto i : keep) L = std::max<int64_t>(L, static_cast<int64_t>(prompts[i].size() + gens[i].tokens.size()));
+  const int64_t N = static_cast<int64_t>(keep.size());
+  Rollouts r{at::full({N, L}, pad, at::kLong), at::zeros({N, L}, at::kLong), at::zeros({N, L - 1}, at::kFloat),
+             at::zeros({N, L - 1}, at::kFloat), {}, {}};
+  for (int64_t row = 0; row < N; ++row) {
+    const auto& p = prompts[keep[row]];
+    const auto& g = gens[keep[row]];
+    int64_t P = static_cast<int64_t>(p.size()), R = static_cast<int64_t>(g.tokens.size());
+    std::vector<int64_t> seq = p;
+    seq.insert(seq.end(), g.tokens.begin(), g.tokens.end());
+    r.ids[row].narrow(0, 0, P + R).copy_(at::tensor(seq, at::kLong));
+    r.attention[row].narrow(0, 0, P + R).fill_(1);
+    r.mask[row].narrow(0, P - 1, R).fill_(1);
+    r.rollout_logp[row].narrow(0, P - 1, R).copy_(at::tensor(g.logprobs, at::kFloat));
+    r.last.push_back(P + R - 2);
+  }
+  return r;
+}
+
+// log p(next token) at every position [N, L - 1], and the logits they came from.
+std::pair<at::Tensor, at::Tensor> action_logp(const CausalLM& m, const at::Tensor& ids, const at::Tensor& attention) {
+  at::Device d = m.device();
+  at::Tensor logits = m.forward(ids.to(d), attention.to(d)).to(at::kFloat);
+  int64_t L = ids.size(1);
+  at::Tensor lp = logits.narrow(1, 0, L - 1).log_softmax(-1).gather(-1, ids.narrow(1, 1, L - 1).to(d).unsqueeze(-1));
+  return {lp.squeeze(-1), logits.narrow(1, 0, L - 1)};
+}
+
+}  // namespace
+
+namespace {
+
+struct PpoRun {
+  const PpoOptions& o;
+  CausalLM actor, ref;  // ref: the frozen starting actor, loaded only when kl_coef > 0
+  ValueModel critic;
+  std::unique_ptr<torch::optim::AdamW> actor_opt, critic_opt;
+  int64_t pad = 0;
+  std::vector<int64_t> stops;
+};
+
+// Samples K answers to each prompt of the step and has them judged; fills the metrics of the
+// rollout. Rows with a null reward are left out.
+std::optional<Rollouts> rollout(PpoRun& r, const std::vector<Prompt>& prompts, const Tokenizer& tok,
+                                const RewardFn& reward, int64_t step, json& m) {
+  const PpoOptions& o = r.o;
+  std::vector<std::vector<int64_t>> ps;
+  std::vector<std::string> ids;
+  for (auto i : batch_of_step(step, static_cast<int64_t>(prompts.size()), o.batch, o.seed))
+    for (int64_t k = 0; k < o.rollouts_per_task; ++k) {
+      ps.push_back(prompts[i].ids);
+      ids.push_back(prompts[i].task_id);
+    }
+  SampleOptions so;
+  so.max_new_tokens = o.max_new_tokens;
+  so.temperature = o.temperature;
+  so.top_p = o.top_p;
+  so.stop_ids = r.stops;
+  so.pad_id = r.pad;
+  so.seed = o.seed * 1000003ULL + static_cast<uint64_t>(step);  // a resumed step draws the same answers
+  auto t0 = Clock::now();
+  std::vector<Generation> gens = generate(r.actor, ps, so);
+  double gen_s = secs_since(t0);
+  std::vector<std::string> texts;
+  std::vector<std::vector<int64_t>> answers;
+  int64_t tokens = 0;
+  for (auto& g : gens) {
+    texts.push_back(tok.decode(g.tokens));
+    answers.push_back(g.tokens);
+    tokens += static_cast<int64_t>(g.tokens.size());
+  }
+  auto t1 = Clock::now();
+  std::vector<std::optional<double>> rw = reward(ids, texts, answers);
+  OPFORGE_CHECK(rw.size() == texts.size(), "the reward function answered {} rewards for {} answers", rw.size(), texts.size());
+  std::vector<std::size_t> keep;
+  std::map<std::string, int64_t> hist;
+  double sum = 0, pass = 0;
+  for (std::size_t i = 0; i < rw.size(); ++i) {
+    if (!rw[i]) continue;
+    keep.push_back(i);
+    sum += *rw[i];
+    pass += *rw[i] >= 1;
+    ++hist[fmt::format("{:g}", *rw[i])];
+  }
+  double n = static_cast<double>(std::max<std::size_t>(keep.size(), 1));
+  m.update({{"answers", texts.size()}, {"dropped", texts.size() - keep.size()}, {"reward_mean", sum / n},
+            {"pass_rate", pass / n}, {"reward_hist", hist}, {"response_length", static_cast<double>(tokens) / texts.size()},
+            {"gen_tokens_per_s", tokens / gen_s}, {"gen_seconds", gen_s}, {"judge_seconds", secs_since(t1)}});
+  if (keep.empty()) return std::nullopt;
+  Rollouts ro = collate_rollouts(ps, gens, keep, r.pad);
+  for (auto i : keep) ro.rewards.push_back(*rw[i]);
+  return ro;
+}
+
+struct Targets {
+  at::Tensor old_logp, old_values, advantages, returns;
+};
+
+// The frozen quantities of the update: log-probabilities and values before it, the token rewards
+// (the answer's reward on its last token, less the KL penalty on every token), GAE.
+Targets targets(PpoRun& r, const Rollouts& ro, json& m) {
+  at::NoGradGuard no_grad;
+  const PpoOptions& o = r.o;
+  Targets t;
+  t.old_logp = action_logp(r.actor, ro.ids, ro.attention).first.cpu();
+  int64_t L = ro.ids.size(1);
+  at::Device d = r.critic.trunk().device();
+  t.old_values = r.critic.values(ro.ids.to(d), ro.attention.to(d)).narrow(1, 0, L - 1).cpu();
+  at::Tensor rewards = at::zeros_like(t.old_logp);
+  for (std::size_t i = 0; i < ro.last.size(); ++i) rewards[static_cast<int64_t>(i)][ro.last[i]] = ro.rewards[i];
+  if (o.kl_coef > 0) {
+    at::Tensor ref = action_logp(r.ref, ro.ids, ro.attention).first.cpu();
+    at::Tensor kl = kl_penalty(t.old_logp, ref, "k1") * ro.mask;
+    rewards = rewards - o.kl_coef * kl;
+    m["kl_ref"] = masked_mean(kl, ro.mask).item<double>();
+  }
+  // The rollout's own log-probabilities against the trainer's recomputation: the mismatch the
+  // paper names as a source of instability (0 up to float rounding for opforge's own rollouts).
+  m["rollout_logp_gap"] = masked_mean((ro.rollout_logp - t.old_logp).abs(), ro.mask).item<double>();
+  Advantages a = gae(rewards, t.old_values, ro.mask, o.gamma, o.lam);
+  t.advantages = ro.mask.sum().item<double>() >= 2 ? masked_whiten(a.advantages, ro.mask) : a.advantages;
+  t.returns = a.returns;
+  return t;
+}
+
+double step_opt(torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params, const at::Tensor& loss, double clip) {
+  opt.zero_grad();
+  loss.backward();
+  double norm = torch::nn::utils::clip_grad_norm_(params, clip);
+  opt.step();
+  return norm;
+}
+
+// ppo_epochs passes over the rows in mini-batches, one actor and one critic step each.
+void update(PpoRun& r, const Rollouts& ro, const Targets& t, json& m) {
+  const PpoOptions& o = r.o;
+  const int64_t N = ro.ids.size(0), mb = o.mini_batch > 0 ? o.mini_batch : N;
+  std::map<std::string, double> acc;
+  int64_t updates = 0;
+  at::Device d = r.actor.device();
+  for (int64_t e = 0; e < o.ppo_epochs; ++e)
+    for (int64_t s = 0; s < N; s += mb, ++updates) {
+      auto sel = [&](const at::Tensor& x) { return x.narrow(0, s, std::min(mb, N - s)).to(d); };
+      at::Tensor mask = sel(ro.mask);
+      auto [logp, logits] = action_logp(r.actor, sel(ro.ids), sel(ro.attention));
+      PolicyLoss pl = policy_loss(logp, sel(t.old_logp), sel(t.advantages), mask, o.clip_low, o.clip_high, o.dual_clip);
+      acc["entropy"] += masked_mean(entropy_from_logits(logits.detach()), mask).item<double>();
+      acc["actor_grad_norm"] += step_opt(*r.actor_opt, r.actor.parameters(), pl.loss, o.max_grad_norm);
+      acc["policy_loss"] += pl.loss.item<double>();
+      acc["clip_fraction"] += pl.clip_fraction;
+      acc["dual_clip_fraction"] += pl.dual_clip_fraction;
+      acc["approx_kl"] += pl.approx_kl;
+      at::Tensor v = r.critic.values(sel(ro.ids), sel(ro.attention));
+      ValueLoss vl = value_loss(v.narrow(1, 0, v.size(1) - 1), sel(t.old_values), sel(t.returns), mask, o.value_clip);
+      acc["critic_grad_norm"] += step_opt(*r.critic_opt, r.critic.parameters(), vl.loss, o.max_grad_norm);
+      acc["value_loss"] += vl.loss.item<double>();
+      acc["value_clip_fraction"] += vl.clip_fraction;
+    }
+  for (auto& [k, v] : acc) m[k] = v / static_cast<double>(std::max<int64_t>(updates, 1));
+  m["explained_variance"] = explained_variance(t.old_values, t.returns, ro.mask);
+}
+
+}  // namespace
+
+namespace {
+
+at::Device device_named(const std::string& d) {
+  OPFORGE_CHECK(d == "cpu" || d == "cuda", "--device must be cpu or cuda, not {}", d);
+  OPFORGE_CHECK(d == "cpu" || at::hasCUDA(), "--device cuda, but this libtorch sees no CUDA device");
+  return d == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+}
+
+// Actor and critic from the checkpoint when there is one, else from --actor / --critic; float32
+// master weights on either device.
+std::unique_ptr<PpoRun> open_run(const PpoOptions& o, const Tokenizer& tok, bool resume) {
+  at::Device dev = device_named(o.device);
+  auto r = std::make_unique<PpoRun>(PpoRun{o, {}, {}, {}, nullptr, nullptr, 0, {}});
+  r->actor = CausalLM::load(resume ? checkpoint_dir(o.out, "actor") : o.actor, dev, at::kFloat);
+  r->critic = ValueModel::load(resume ? checkpoint_dir(o.out, "critic") : (o.critic.empty() ? o.actor : o.critic), dev);
+  if (o.kl_coef > 0) r->ref = CausalLM::load(o.actor, dev, at::kFloat);
+  r->actor.set_requires_grad(true);
+  r->critic.set_requires_grad(true);
+  r->actor_opt = std::make_unique<torch::optim::AdamW>(
+      r->actor.parameters(), torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay));
+  r->critic_opt = std::make_unique<torch::optim::AdamW>(
+      r->critic.parameters(), torch::optim::AdamWOptions(o.critic_lr).weight_decay(o.weight_decay));
+  r->pad = tok.pad_id().value_or(tok.eos_id().value_or(0));
+  if (auto eos = tok.eos_id()) r->stops.push_back(*eos);
+  return r;
+}
+
+}  // namespace
+
+PpoResult train_ppo(const PpoOptions& o, const std::vector<Prompt>& prompts, const Tokenizer& tok,
+                    const RewardFn& reward) {
+  OPFORGE_CHECK(!prompts.empty(), "train ppo: no task prompts");
+  OPFORGE_CHECK(o.batch > 0 && o.rollouts_per_task > 0 && o.ppo_epochs > 0, "--batch, --rollouts-per-task and "
+                "--ppo-epochs must be > 0");
+  fs::create_directories(o.out);
+  spdlog::info("ppo options: {}", o.to_json().dump());
+  bool resume = has_checkpoint(o.out);
+  auto r = open_run(o, tok, resume);
+  std::vector<CheckpointPart> parts = {{"actor", [&](const fs::path& d) { r->actor.save(d); }, r->actor_opt.get()},
+                                       {"critic", [&](const fs::path& d) { r->critic.save(d); }, r->critic_opt.get()}};
+  TrainState st = resume ? load_checkpoint(o.out, parts) : TrainState{};
+  if (resume) spdlog::info("ppo: resuming {} after step {}", checkpoint_dir(o.out).string(), st.step);
+  MetricsLog log(o.out / "metrics.jsonl", st.step);
+  PpoResult res;
+  Progress progress("ppo", static_cast<std::size_t>(o.steps));
+  progress.tick(static_cast<std::size_t>(st.step));
+  for (int64_t step = st.step + 1; step <= o.steps; ++step) {
+    auto t0 = Clock::now();
+    json m = {{"step", step}};
+    if (auto ro = rollout(*r, prompts, tok, reward, step, m)) {
+      Targets t = targets(*r, *ro, m);
+      update(*r, *ro, t, m);
+    } else {
+      spdlog::warn("ppo step {}: every answer's reward was null (the judge failed); no update", step);
+    }
+    m["seconds"] = secs_since(t0);
+    res.reward_mean.push_back(m["reward_mean"].get<double>());
+    log.write(m);
+    save_checkpoint(o.out, parts, {step, {{"stage", "ppo"}}});
+    progress.tick(1, fmt::format("reward {:.3f}", m["reward_mean"].get<double>()));
+  }
+  progress.finish();
+  res.actor_dir = o.out / "actor";
+  res.critic_dir = o.out / "critic";
+  r->actor.save(res.actor_dir);
+  r->critic.save(res.critic_dir);
+  call_python("opforge.train_plots", "plot", {{"metrics", (o.out / "metrics.jsonl").string()},
+                                              {"out", (o.out / "metrics.png").string()}, {"title", "opforge train ppo"},
+                                              {"keys", {"reward_mean", "pass_rate", "approx_kl", "entropy",
+                                                        "value_loss", "explained_variance"}}});
+  return res;
+}
+
+}  // namespace opforge::trainer

@@ -1,0 +1,49 @@
+// `opforge train ppo`, single-turn: each iteration samples K answers to B task prompts with the
+// actor, asks the reward function (the judge) for each, and updates actor and critic with PPO
+// (GAE, the dual-clip surrogate, a clipped value loss, optional KL to the frozen starting actor,
+// token-mean losses, advantage whitening, gradient clipping, AdamW). An answer whose reward is
+// null (the environment failed) is dropped, never scored. Resumable from OUT/checkpoint.
+#pragma once
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tokenizer.h"
+
+namespace opforge::trainer {
+
+struct PpoOptions {
+  std::filesystem::path actor, critic, out;  // critic empty: the actor's trunk with a zero value head
+  int64_t steps = 150, batch = 8, rollouts_per_task = 4, ppo_epochs = 1, mini_batch = 0, max_new_tokens = 1024;
+  double lr = 3e-6, critic_lr = 6e-6, temperature = 1.0, top_p = 1.0;  // the paper's learning rates
+  double clip_low = 0.2, clip_high = 0.2, dual_clip = 3.0, value_clip = 0.2, kl_coef = 0.0;
+  double gamma = 1.0, lam = 1.0, max_grad_norm = 1.0, weight_decay = 0.0;
+  uint64_t seed = 0;
+  std::string device = "cpu";
+  nlohmann::json to_json() const;
+};
+
+struct Prompt {
+  std::string task_id;
+  std::vector<int64_t> ids;  // the chat-templated prompt, generation prompt included
+};
+
+// Rewards of the answers to `task_ids` (their texts and token ids, same length); nullopt: not
+// judged (the environment failed).
+using RewardFn = std::function<std::vector<std::optional<double>>(
+    const std::vector<std::string>& task_ids, const std::vector<std::string>& texts,
+    const std::vector<std::vector<int64_t>>& tokens)>;
+
+struct PpoResult {
+  std::vector<double> reward_mean;  // per step of this process
+  std::filesystem::path actor_dir, critic_dir;
+};
+
+PpoResult train_ppo(const PpoOptions& options, const std::vector<Prompt>& prompts, const Tokenizer& tok,
+                    const RewardFn& reward);
+
+}  // namespace opforge::trainer
