@@ -36,7 +36,7 @@ void forward(CLI::App& app, Runner& run, const std::string& name, const std::str
 
 void add_trainer(CLI::App& app, Runner& run) {
   forward(app, run, "generate", "Complete a prompt with a local Hugging Face model (libtorch, KV cache)");
-  forward(app, run, "train", "Train a local Hugging Face model: sft (the RFT stage)");
+  forward(app, run, "train", "Train a local Hugging Face model: sft (the RFT stage), ppo (single-turn, the judge's reward)");
 }
 
 }  // namespace opforge::cli

@@ -57,7 +57,14 @@ Answer post(const JudgeClient& c, const std::string& payload) {
 }  // namespace
 
 json JudgeClient::evaluate(const std::string& task_id, const json& files) const {
-  std::string payload = json{{"task_id", task_id}, {"files", files}}.dump();
+  return submit(json{{"task_id", task_id}, {"files", files}}.dump());
+}
+
+json JudgeClient::evaluate_response(const std::string& task_id, const std::string& response) const {
+  return submit(json{{"task_id", task_id}, {"response", response}}.dump());
+}
+
+json JudgeClient::submit(const std::string& payload) const {
   Answer a;
   for (int k = 0; k < attempts; ++k) {
     if (k > 0) std::this_thread::sleep_for(std::chrono::milliseconds(500 << std::min(k, 5)));

@@ -18,9 +18,14 @@ struct JudgeClient {
   int attempts = 6;         // on 429 (queue full) and network errors, with back-off
 
   nlohmann::json evaluate(const std::string& task_id, const nlohmann::json& files) const;
+  // A model's whole answer: the service takes its last fenced code block as the solution file.
+  nlohmann::json evaluate_response(const std::string& task_id, const std::string& response) const;
   // evaluate() again, after 2, 4, 8 s, while the row is `retryable` (up to `rounds` in all); the
   // last row, retryable or not.
   nlohmann::json evaluate_settled(const std::string& task_id, const nlohmann::json& files, int rounds = 3) const;
+
+ private:
+  nlohmann::json submit(const std::string& payload) const;
 };
 
 }  // namespace opforge::evaluator

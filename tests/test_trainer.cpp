@@ -1,6 +1,7 @@
 // The trainer's causal LM against transformers itself: tiny random Qwen2 and Llama checkpoints
 // made offline by tests/python/tiny_lm.py, whose logits and greedy tokens transformers computed.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <fstream>
@@ -10,6 +11,7 @@
 #include "model.h"
 #include "ppo_stage.h"
 #include "opforge/core/error.h"
+#include "opforge/core/hash.h"
 #include "safetensors.h"
 #include "tokenizer.h"
 #include "test_support.h"
@@ -20,22 +22,28 @@ using namespace opforge::trainer;
 using json = nlohmann::json;
 namespace fs = std::filesystem;
 
+// The checkpoints are made once per version of tiny_lm.py and kept in the build tree: every test
+// runs in a process of its own, and making them costs ~5 s of transformers each time.
 class Trainer : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    auto [rc, out] = shell(fmt::format("{} {}/python/tiny_lm.py make {} 2>&1", python_bin().string(),
-                                       fixtures().parent_path().string(), dir_->path().string()));
+    fs::path script = fixtures().parent_path() / "python" / "tiny_lm.py";
+    dir_ = eval_cache_dir().parent_path() / ("tiny_lm-" + xxh3_hex(read_file(script)));
+    if (fs::exists(dir_ / "llama" / "reference.json")) return;
+    fs::path tmp = dir_.string() + ".tmp" + std::to_string(::getpid());
+    auto [rc, out] = shell(fmt::format("{} {} make {} 2>&1", python_bin().string(), script.string(), tmp.string()));
     ASSERT_EQ(rc, 0) << out;
+    std::error_code ec;
+    fs::rename(tmp, dir_, ec);  // a test in another process may have made them first: keep its copy
+    if (ec) fs::remove_all(tmp);
   }
-  static void TearDownTestSuite() { delete dir_; }
-  static fs::path model(const std::string& name) { return dir_->path() / name; }
+  static fs::path model(const std::string& name) { return dir_ / name; }
   static std::map<std::string, at::Tensor> reference(const std::string& name) {
     return read_safetensors(model(name) / "reference.safetensors");
   }
-  static TempDir* dir_;
+  static fs::path dir_;
 };
-TempDir* Trainer::dir_ = nullptr;
+fs::path Trainer::dir_;
 
 double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
 
@@ -261,6 +269,36 @@ TEST_F(Trainer, PpoRaisesASyntheticRewardAndAResumedRunEndsBitwiseIdentical) {
   EXPECT_TRUE(read_file(d / "whole" / "actor" / "model.safetensors") == read_file(d / "split" / "actor" / "model.safetensors"));
   EXPECT_TRUE(read_file(d / "whole" / "critic" / "value_head.safetensors") ==
               read_file(d / "split" / "critic" / "value_head.safetensors"));
+}
+
+
+// opforge train ppo end to end: two steps on the CPU fixtures' tasks, every answer judged by a real
+// opforge serve that the command starts (a random model's answers are all -1), the actor's
+// weights moved by the second step, every metric finite, actor and critic written.
+TEST_F(Trainer, PpoRunsTwoStepsEndToEndWithTheRealJudge) {
+  TempDir d;
+  fs::create_directories(d / "tasks");
+  for (const char* t : {"linear_relu.py", "softmax_sum.py"})
+    fs::copy_file(fixtures() / "eval" / "tasks" / t, d / "tasks" / t);
+  CmdResult r = run_opforge({"train", "ppo", "--actor", model("qwen2").string(), "--tasks", (d / "tasks").string(),
+                             "--out", (d / "out").string(), "--steps", "2", "--batch", "2", "--rollouts-per-task", "2",
+                             "--max-new-tokens", "12", "--lr", "1e-3", "--judge-arg=--trials", "--judge-arg=5"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, (d / "out" / "actor").string() + "\n");
+  std::vector<json> m;
+  std::string line;
+  for (std::istringstream in(read_file(d / "out" / "metrics.jsonl")); std::getline(in, line);) m.push_back(json::parse(line));
+  ASSERT_EQ(m.size(), 2u);
+  for (auto& row : m) {
+    EXPECT_EQ(row["answers"], 4);
+    EXPECT_EQ(row["dropped"], 0) << "the judge failed: " << read_file(d / "out" / "judge" / "serve.log");
+    EXPECT_EQ(row["reward_hist"], json({{"-1", 4}}));
+    for (auto& [k, v] : row.items())
+      if (v.is_number()) EXPECT_TRUE(std::isfinite(v.get<double>())) << k;
+  }
+  EXPECT_NE(read_file(d / "out" / "actor" / "model.safetensors"), read_file(model("qwen2") / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(d / "out" / "critic" / "value_head.safetensors"));
+  EXPECT_TRUE(fs::exists(d / "out" / "metrics.png"));
 }
 
 }  // namespace

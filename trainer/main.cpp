@@ -8,6 +8,8 @@
 #include <iostream>
 
 #include "generate.h"
+#include "judge_process.h"
+#include "judge_reward.h"
 #include "sft.h"
 #include "opforge/core/error.h"
 #include "opforge/core/log.h"
@@ -67,8 +69,10 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
   c->callback([a, &run] { run = [a] { return run_generate(*a); }; });
 }
 
+void add_ppo(CLI::App* train, std::function<int()>& run);
+
 void add_train(CLI::App& app, std::function<int()>& run) {
-  CLI::App* train = app.add_subcommand("train", "The paper's training stages on a local Hugging Face model (libtorch)");
+  CLI::App* train = app.add_subcommand("train", "The paper's training stages on a local Hugging Face model (libtorch): sft, ppo");
   train->require_subcommand(1);
   auto o = std::make_shared<SftOptions>();
   CLI::App* c = train->add_subcommand("sft", "Supervised fine-tuning on chat records, loss on assistant tokens only "
@@ -95,6 +99,64 @@ void add_train(CLI::App& app, std::function<int()>& run) {
       return 0;
     };
   });
+  add_ppo(train, run);
+}
+
+struct PpoArgs {
+  PpoOptions o;
+  std::filesystem::path tasks;
+  std::string judge_url;
+  std::vector<std::string> judge_args;
+  int concurrency = 4;
+};
+
+int run_ppo(const PpoArgs& a) {
+  Tokenizer tok(a.o.actor);
+  std::vector<Prompt> prompts = task_prompts(a.tasks, tok);
+  std::unique_ptr<opforge::evaluator::JudgeProcess> own;
+  opforge::evaluator::JudgeClient judge;
+  judge.url = a.judge_url;
+  if (judge.url.empty()) {
+    own = std::make_unique<opforge::evaluator::JudgeProcess>(a.tasks, a.o.device, a.judge_args, a.o.out / "judge");
+    judge.url = own->url();
+  }
+  PpoResult r = train_ppo(a.o, prompts, tok, judge_reward(judge, a.concurrency));
+  std::cout << r.actor_dir.string() << "\n";
+  return 0;
+}
+
+void add_ppo(CLI::App* train, std::function<int()>& run) {
+  auto a = std::make_shared<PpoArgs>();
+  PpoOptions& o = a->o;
+  CLI::App* c = train->add_subcommand("ppo", "Single-turn PPO with the judge's reward: B task prompts a step, K answers "
+                                             "each, actor and critic updated; resumes from OUT/checkpoint; prints OUT/actor");
+  c->add_option("--actor", o.actor, "Model folder of the policy")->required();
+  c->add_option("--critic", o.critic, "Critic folder (opforge train value's); default: the actor's trunk, value head 0");
+  c->add_option("--tasks", a->tasks, "Tasks: a shard, a workspace or a folder of KernelBench files")->required();
+  c->add_option("--out", o.out, "Output folder: actor/, critic/, checkpoint/, metrics.jsonl, metrics.png")->required();
+  c->add_option("--steps", o.steps, "PPO iterations (rollouts + update)")->capture_default_str();
+  c->add_option("--batch", o.batch, "Task prompts per iteration")->capture_default_str();
+  c->add_option("--rollouts-per-task", o.rollouts_per_task, "Answers sampled per prompt")->capture_default_str();
+  c->add_option("--ppo-epochs", o.ppo_epochs, "Passes over an iteration's answers")->capture_default_str();
+  c->add_option("--mini-batch", o.mini_batch, "Answers per optimizer step (0: all)")->capture_default_str();
+  c->add_option("--max-new-tokens", o.max_new_tokens, "Longest answer")->capture_default_str();
+  c->add_option("--lr", o.lr, "Actor learning rate")->capture_default_str();
+  c->add_option("--critic-lr", o.critic_lr, "Critic learning rate")->capture_default_str();
+  c->add_option("--temperature", o.temperature, "Sampling temperature")->capture_default_str();
+  c->add_option("--top-p", o.top_p, "Nucleus mass")->capture_default_str();
+  c->add_option("--clip-low", o.clip_low, "Ratio clip below 1")->capture_default_str();
+  c->add_option("--clip-high", o.clip_high, "Ratio clip above 1")->capture_default_str();
+  c->add_option("--dual-clip", o.dual_clip, "Dual-clip bound c (> 1) for negative advantages")->capture_default_str();
+  c->add_option("--value-clip", o.value_clip, "Value clip range (<= 0: none)")->capture_default_str();
+  c->add_option("--kl-coef", o.kl_coef, "KL penalty to the starting actor (0: none, no reference model)")->capture_default_str();
+  c->add_option("--gamma", o.gamma, "GAE discount")->capture_default_str();
+  c->add_option("--lam", o.lam, "GAE lambda")->capture_default_str();
+  c->add_option("--seed", o.seed, "Task order and sampling")->capture_default_str();
+  c->add_option("--device", o.device, "cpu or cuda (also the judge's device)")->capture_default_str();
+  c->add_option("--judge-url", a->judge_url, "A running opforge serve (http://host:port); default: one started here");
+  c->add_option("--judge-arg", a->judge_args, "An argument for the started opforge serve (repeat), e.g. --policy");
+  c->add_option("--judge-concurrency", a->concurrency, "Answers in flight at the judge")->capture_default_str();
+  c->callback([a, &run] { run = [a] { return run_ppo(*a); }; });
 }
 
 }  // namespace

@@ -196,7 +196,10 @@ double explained_variance(const at::Tensor& values, const at::Tensor& returns, c
     return mean_over(c * c, valid).item<double>();
   };
   const double var_y = var(y);
-  if (!(var_y > 0)) return 0.0;
+  // Returns that are one value up to float32 rounding (every answer -1, say) explain nothing: the
+  // ratio would be rounding noise over rounding noise (-1.7e6 was logged).
+  const double scale = mean_over(y * y, valid).item<double>();
+  if (!(var_y > 1e-10 * std::max(scale, 1.0))) return 0.0;
   return 1.0 - var(residual) / var_y;
 }
 

@@ -86,7 +86,8 @@ at::Tensor kl_penalty(const at::Tensor& logprobs, const at::Tensor& ref_logprobs
 at::Tensor entropy_from_logits(const at::Tensor& logits);
 
 // 1 - Var[returns - values] / Var[returns] over valid tokens, as a double (no gradient).
-// Choice: returns 0 when there are no valid tokens or Var[returns] == 0 — the value head then
+// Choice: returns 0 when there are no valid tokens or Var[returns] is 0 up to rounding (below
+// 1e-10 of the mean square) — the value head then
 // explains nothing measurable, and a logged 0 is more useful than NaN or -inf.
 double explained_variance(const at::Tensor& values, const at::Tensor& returns, const at::Tensor& mask);
 

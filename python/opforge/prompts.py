@@ -31,3 +31,11 @@ def solve_messages(task_code, data_dir, name="solve_task"):
             messages.append({"role": "system", "content": f.read().strip()})
     messages.append({"role": "user", "content": user})
     return messages
+
+
+def solve_messages_json(arg):
+    """{task_code, data_dir} -> the solve_messages as JSON text (the trainer's single-turn prompt)."""
+    import json
+
+    req = json.loads(arg)
+    return json.dumps(solve_messages(req["task_code"], req["data_dir"]))

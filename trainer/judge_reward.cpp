@@ -1,0 +1,48 @@
+#include "judge_reward.h"
+
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <thread>
+
+#include "evaluator.h"
+#include "opforge/core/paths.h"
+#include "python_bridge.h"
+
+namespace opforge::trainer {
+using json = nlohmann::json;
+
+std::vector<Prompt> task_prompts(const std::filesystem::path& src, const Tokenizer& tok) {
+  std::vector<Prompt> out;
+  for (auto& t : evaluator::load_tasks(src)) {
+    json messages = call_python("opforge.prompts", "solve_messages_json",
+                                {{"task_code", t.code}, {"data_dir", data_dir().string()}});
+    out.push_back({t.name, tok.encode_chat(messages)});
+  }
+  return out;
+}
+
+RewardFn judge_reward(const evaluator::JudgeClient& judge, int concurrency) {
+  return [&judge, concurrency](const std::vector<std::string>& ids, const std::vector<std::string>& texts,
+                               const std::vector<std::vector<int64_t>>&) {
+    std::vector<std::optional<double>> out(ids.size());
+    std::atomic<std::size_t> next{0};
+    auto work = [&] {
+      for (std::size_t i; (i = next++) < ids.size();) {
+        json row = judge.evaluate_response(ids[i], texts[i]);
+        if (row.value("retryable", false) || !row.contains("reward") || !row["reward"].is_number()) {
+          spdlog::warn("answer {} to {} not judged: {} {}", i, ids[i], row.value("reason", ""),
+                       row.value("detail", "").substr(0, 200));
+          continue;
+        }
+        out[i] = row["reward"].get<double>();
+      }
+    };
+    std::vector<std::thread> pool;
+    for (int k = 0; k < std::max(1, concurrency); ++k) pool.emplace_back(work);
+    for (auto& t : pool) t.join();
+    return out;
+  };
+}
+
+}  // namespace opforge::trainer
