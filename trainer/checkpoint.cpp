@@ -1,5 +1,6 @@
 #include "checkpoint.h"
 
+#include <spdlog/spdlog.h>
 #include <torch/serialize.h>
 
 #include <fstream>
@@ -39,7 +40,7 @@ void save_checkpoint(const fs::path& out, const std::vector<CheckpointPart>& par
   fs::remove_all(old);
 }
 
-TrainState load_checkpoint(const fs::path& out, const std::vector<CheckpointPart>& parts) {
+TrainState load_checkpoint(const fs::path& out, const std::vector<CheckpointPart>& parts, const char* stage) {
   fs::path dir = checkpoint_dir(out);
   json j = json::parse(std::ifstream(dir / "state.json"), nullptr, false);
   OPFORGE_CHECK(j.is_object() && j.contains("step"), "{}: state.json is unreadable; remove {} to start afresh",
@@ -49,6 +50,7 @@ TrainState load_checkpoint(const fs::path& out, const std::vector<CheckpointPart
     archive.load_from((checkpoint_dir(out, p.name) / "optimizer.pt").string());
     p.optimizer->load(archive);
   }
+  spdlog::info("{}: resuming {} after step {}", stage, dir.string(), j["step"].get<int64_t>());
   return {j["step"].get<int64_t>(), j.value("extra", json::object())};
 }
 

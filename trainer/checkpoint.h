@@ -32,8 +32,10 @@ bool has_checkpoint(const std::filesystem::path& out);
 // Every part and state.json in one folder, renamed into place at once: a resumed run never sees
 // an actor of one step beside a critic of another.
 void save_checkpoint(const std::filesystem::path& out, const std::vector<CheckpointPart>& parts, const TrainState& state);
-// The optimizers' state and state.json; the weights are loaded from checkpoint_dir(out, name).
-TrainState load_checkpoint(const std::filesystem::path& out, const std::vector<CheckpointPart>& parts);
+// The optimizers' state and state.json (logged as `stage` resuming); the weights are loaded from
+// checkpoint_dir(out, name).
+TrainState load_checkpoint(const std::filesystem::path& out, const std::vector<CheckpointPart>& parts,
+                           const char* stage);
 
 // metrics.jsonl of a stage: one JSON object a step. A resumed run first drops the lines past the
 // checkpoint's step (a killed run may have logged steps it never saved).

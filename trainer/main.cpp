@@ -26,14 +26,8 @@ struct GenerateArgs {
   SampleOptions sample;
 };
 
-at::Device pick_device(const std::string& d) {
-  OPFORGE_CHECK(d == "cpu" || d == "cuda", "--device must be cpu or cuda, not {}", d);
-  OPFORGE_CHECK(d == "cpu" || at::hasCUDA(), "--device cuda, but this libtorch sees no CUDA device");
-  return d == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
-}
-
 int run_generate(GenerateArgs& a) {
-  CausalLM model = CausalLM::load(a.model, pick_device(a.device));
+  CausalLM model = CausalLM::load(a.model, device_named(a.device));
   Tokenizer tok(a.model);
   std::vector<int64_t> prompt = a.chat ? tok.encode_chat(json::array({{{"role", "user"}, {"content", a.prompt}}}))
                                        : tok.encode(a.prompt);

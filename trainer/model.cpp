@@ -36,6 +36,12 @@ double rope_theta_of(const json& j, const std::string& where) {
 
 }  // namespace
 
+at::Device device_named(const std::string& d) {
+  OPFORGE_CHECK(d == "cpu" || d == "cuda", "--device must be cpu or cuda, not {}", d);
+  OPFORGE_CHECK(d == "cpu" || at::hasCUDA(), "--device cuda, but this libtorch sees no CUDA device");
+  return d == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+}
+
 LmConfig LmConfig::from_json(const json& j, const std::string& where) {
   LmConfig c;
   c.raw = j;

@@ -38,6 +38,10 @@ struct KvCache {
   int64_t length = 0;
 };
 
+// "cpu" or "cuda" (the first visible GPU) as --device names them; an error for anything else or a
+// CUDA device this libtorch cannot see.
+at::Device device_named(const std::string& name);
+
 class CausalLM {
  public:
   // bf16 on CUDA, fp32 on the CPU unless `dtype` says otherwise.

@@ -211,12 +211,6 @@ void update(PpoRun& r, const Rollouts& ro, const Targets& t, json& m) {
 
 namespace {
 
-at::Device device_named(const std::string& d) {
-  OPFORGE_CHECK(d == "cpu" || d == "cuda", "--device must be cpu or cuda, not {}", d);
-  OPFORGE_CHECK(d == "cpu" || at::hasCUDA(), "--device cuda, but this libtorch sees no CUDA device");
-  return d == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
-}
-
 // Actor and critic from the checkpoint when there is one, else from --actor / --critic; float32
 // master weights on either device.
 std::unique_ptr<PpoRun> open_run(const PpoOptions& o, const Tokenizer& tok, bool resume) {
@@ -249,8 +243,7 @@ PpoResult train_ppo(const PpoOptions& o, const std::vector<Prompt>& prompts, con
   auto r = open_run(o, tok, resume);
   std::vector<CheckpointPart> parts = {{"actor", [&](const fs::path& d) { r->actor.save(d); }, r->actor_opt.get()},
                                        {"critic", [&](const fs::path& d) { r->critic.save(d); }, r->critic_opt.get()}};
-  TrainState st = resume ? load_checkpoint(o.out, parts) : TrainState{};
-  if (resume) spdlog::info("ppo: resuming {} after step {}", checkpoint_dir(o.out).string(), st.step);
+  TrainState st = resume ? load_checkpoint(o.out, parts, "ppo") : TrainState{};
   MetricsLog log(o.out / "metrics.jsonl", st.step);
   PpoResult res;
   Progress progress("ppo", static_cast<std::size_t>(o.steps));

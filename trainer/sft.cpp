@@ -95,16 +95,10 @@ struct SftRun {
   int64_t pad = 0, total = 0;
 };
 
-at::Device device_of(const std::string& d) {
-  OPFORGE_CHECK(d == "cpu" || d == "cuda", "--device must be cpu or cuda, not {}", d);
-  OPFORGE_CHECK(d == "cpu" || at::hasCUDA(), "--device cuda, but this libtorch sees no CUDA device");
-  return d == "cuda" ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
-}
-
 // Weights in float32 on either device: the master copy AdamW updates (a bf16 weight would lose
 // the small updates of a 1e-5 learning rate).
 SftRun open_run(const SftOptions& o, bool resume) {
-  SftRun r{o, CausalLM::load(resume ? checkpoint_dir(o.out) : o.model, device_of(o.device), at::kFloat), Tokenizer(o.model),
+  SftRun r{o, CausalLM::load(resume ? checkpoint_dir(o.out) : o.model, device_named(o.device), at::kFloat), Tokenizer(o.model),
            {}, {}, 0, 0};
   r.rows = read_chat_rows(o.data, r.tok, o.max_len);
   if (!o.val.empty()) r.val = read_chat_rows(o.val, r.tok, o.max_len);
@@ -129,8 +123,7 @@ SftResult train_sft(const SftOptions& o) {
   torch::optim::AdamW opt(r.model.parameters(),
                           torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay).betas({0.9, 0.95}));
   std::vector<CheckpointPart> parts = {{"", [&](const fs::path& d) { r.model.save(d); }, &opt}};
-  TrainState st = resume ? load_checkpoint(o.out, parts) : TrainState{};
-  if (resume) spdlog::info("sft: resuming {} after step {}", checkpoint_dir(o.out).string(), st.step);
+  TrainState st = resume ? load_checkpoint(o.out, parts, "sft") : TrainState{};
   MetricsLog log(o.out / "metrics.jsonl", st.step);
   SftResult res;
   Progress progress("sft", static_cast<std::size_t>(r.total));
