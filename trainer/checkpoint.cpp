@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "opforge/core/error.h"
+#include "python_bridge.h"
 
 namespace opforge::trainer {
 namespace fs = std::filesystem;
@@ -64,6 +65,11 @@ MetricsLog::MetricsLog(const fs::path& file, int64_t keep_through_step) : file_(
   }
   std::ofstream out(file, std::ios::trunc);
   for (auto& l : kept) out << l << "\n";
+}
+
+void MetricsLog::plot(const fs::path& png, const std::string& title, const std::vector<std::string>& keys) const {
+  call_python("opforge.train_plots", "plot", {{"metrics", file_.string()}, {"out", png.string()}, {"title", title},
+                                              {"keys", keys}});
 }
 
 void MetricsLog::write(const json& row) {

@@ -43,6 +43,8 @@ class MetricsLog {
  public:
   MetricsLog(const std::filesystem::path& file, int64_t keep_through_step);
   void write(const nlohmann::json& row);
+  // One panel per metric in `keys` against the step (python/opforge/train_plots.py).
+  void plot(const std::filesystem::path& png, const std::string& title, const std::vector<std::string>& keys) const;
 
  private:
   std::filesystem::path file_;

@@ -1,7 +1,6 @@
 #include "model.h"
 
 #include <fstream>
-#include <set>
 
 #include "opforge/core/error.h"
 #include "safetensors.h"

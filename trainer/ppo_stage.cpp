@@ -13,7 +13,6 @@
 #include "opforge/core/error.h"
 #include "opforge/core/progress.h"
 #include "ppo.h"
-#include "python_bridge.h"
 #include "value.h"
 
 namespace opforge::trainer {
@@ -268,10 +267,8 @@ PpoResult train_ppo(const PpoOptions& o, const std::vector<Prompt>& prompts, con
   res.critic_dir = o.out / "critic";
   r->actor.save(res.actor_dir);
   r->critic.save(res.critic_dir);
-  call_python("opforge.train_plots", "plot", {{"metrics", (o.out / "metrics.jsonl").string()},
-                                              {"out", (o.out / "metrics.png").string()}, {"title", "opforge train ppo"},
-                                              {"keys", {"reward_mean", "pass_rate", "approx_kl", "entropy",
-                                                        "value_loss", "explained_variance"}}});
+  log.plot(o.out / "metrics.png", "opforge train ppo",
+           {"reward_mean", "pass_rate", "approx_kl", "entropy", "value_loss", "explained_variance"});
   return res;
 }
 

@@ -13,7 +13,6 @@
 #include "data.h"
 #include "opforge/core/error.h"
 #include "opforge/core/progress.h"
-#include "python_bridge.h"
 
 namespace opforge::trainer {
 namespace fs = std::filesystem;
@@ -88,7 +87,6 @@ double val_loss(const CausalLM& model, const TokenRows& rows, int64_t batch, int
 namespace {
 
 struct SftRun {
-  const SftOptions& o;
   CausalLM model;
   Tokenizer tok;
   TokenRows rows, val;
@@ -98,7 +96,7 @@ struct SftRun {
 // Weights in float32 on either device: the master copy AdamW updates (a bf16 weight would lose
 // the small updates of a 1e-5 learning rate).
 SftRun open_run(const SftOptions& o, bool resume) {
-  SftRun r{o, CausalLM::load(resume ? checkpoint_dir(o.out) : o.model, device_named(o.device), at::kFloat), Tokenizer(o.model),
+  SftRun r{CausalLM::load(resume ? checkpoint_dir(o.out) : o.model, device_named(o.device), at::kFloat), Tokenizer(o.model),
            {}, {}, 0, 0};
   r.rows = read_chat_rows(o.data, r.tok, o.max_len);
   if (!o.val.empty()) r.val = read_chat_rows(o.val, r.tok, o.max_len);
@@ -144,9 +142,7 @@ SftResult train_sft(const SftOptions& o) {
   res.steps = r.total;
   res.model_dir = o.out / "model";
   r.model.save(res.model_dir);
-  call_python("opforge.train_plots", "plot", {{"metrics", (o.out / "metrics.jsonl").string()},
-                                              {"out", (o.out / "metrics.png").string()}, {"title", "opforge train sft"},
-                                              {"keys", {"loss", "val_loss", "grad_norm", "tokens_per_s"}}});
+  log.plot(o.out / "metrics.png", "opforge train sft", {"loss", "val_loss", "grad_norm", "tokens_per_s"});
   return res;
 }
 

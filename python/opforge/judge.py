@@ -187,6 +187,10 @@ SPARES = 2
 _SPARE = {}
 
 
+def _key(launch):
+    return json.dumps(launch, sort_keys=True)
+
+
 def _live_spares(key):
     """The key's spares still running (a dead one is closed and dropped), oldest first."""
     live = []
@@ -203,8 +207,7 @@ def take_child(launch, log, timeout_s, spare=True):
     """A fresh child for one solution: the oldest live spare, else a new one; then spares are
     topped up by one for the next requests (not on the CPU, where a start would share the cores
     with the solution being timed)."""
-    key = json.dumps(launch, sort_keys=True)
-    live = _live_spares(key)
+    live = _live_spares(_key(launch))
     child = live.pop(0) if live else Child(launch, log, timeout_s=timeout_s, wait=False)
     child.timeout_s = timeout_s
     if spare and len(live) < SPARES:
@@ -1033,8 +1036,7 @@ def eval_prestart(device, launch, timeout_s=600, log_path=None):
     prestart request goes to another idle worker. Returns {started, cold_start_s}."""
     if not T.resolve_device(device).startswith("cuda"):
         return {"started": 0, "cold_start_s": None}
-    key = json.dumps(launch, sort_keys=True)
-    live = _live_spares(key)
+    live = _live_spares(_key(launch))
     with open(log_path or os.devnull, "ab") as log:  # each child keeps its own copy of the descriptor
         while len(live) < SPARES:
             live.append(Child(launch, log, timeout_s=timeout_s, wait=False))
@@ -1051,7 +1053,7 @@ def eval_prestart(device, launch, timeout_s=600, log_path=None):
 
 def _warm_spare(launch):
     """Once a solution's timing is over, the spares may make their CUDA contexts."""
-    for spare in _SPARE.get(json.dumps(launch, sort_keys=True), []):
+    for spare in _SPARE.get(_key(launch), []):
         if not spare.posted and spare.proc.poll() is None:
             try:
                 spare.post("warm", "making the CUDA context")
