@@ -203,16 +203,24 @@ def _live_spares(key):
     return live
 
 
-def take_child(launch, log, timeout_s, spare=True):
-    """A fresh child for one solution: the oldest live spare, else a new one; then spares are
-    topped up by one for the next requests (not on the CPU, where a start would share the cores
-    with the solution being timed)."""
+def take_child(launch, log, timeout_s):
+    """A fresh child for one solution: the oldest live spare, else a new one. The spares are topped
+    up by `top_up_spares` once the solution's timing is over, never during it: a spare importing
+    torch beside the timed calls slowed the host side of the first of three repeat processes by a
+    third (crossing floor 0.313 against 0.24 ms on the H200, docs/gpu.md)."""
     live = _live_spares(_key(launch))
     child = live.pop(0) if live else Child(launch, log, timeout_s=timeout_s, wait=False)
     child.timeout_s = timeout_s
-    if spare and len(live) < SPARES:
-        live.append(Child(launch, log, timeout_s=timeout_s, wait=False))
     return child
+
+
+def top_up_spares(launch, log, timeout_s):
+    """Starts children until the launch profile has SPARES of them (on a GPU only: on the CPU a
+    start would share the cores with the next solution's timing). Returns the live spares."""
+    live = _live_spares(_key(launch))
+    while len(live) < SPARES:
+        live.append(Child(launch, log, timeout_s=timeout_s, wait=False))
+    return live
 
 
 def _end_tree(proc):
@@ -1013,7 +1021,9 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
             if child is not None:
                 child.close()
             _release()
-            _warm_spare(launch)
+            if device.startswith("cuda"):
+                top_up_spares(launch, log, timeout_s)
+                _warm_spare(launch)
     return result
 
 
@@ -1021,7 +1031,7 @@ def _start(launch, log, timeout_s, device, result):
     """The solution's child: taken (the spare on CUDA) and its CUDA context made. Returns (child,
     the clock start of the dispatch figures)."""
     t1 = time.perf_counter()
-    child = take_child(launch, log, timeout_s, spare=device.startswith("cuda")).ready()
+    child = take_child(launch, log, timeout_s).ready()
     if device.startswith("cuda"):
         child.must("warm", "making the CUDA context")
     result["cold_start_s"] = child.cold_start_s
@@ -1036,10 +1046,8 @@ def eval_prestart(device, launch, timeout_s=600, log_path=None):
     prestart request goes to another idle worker. Returns {started, cold_start_s}."""
     if not T.resolve_device(device).startswith("cuda"):
         return {"started": 0, "cold_start_s": None}
-    live = _live_spares(_key(launch))
     with open(log_path or os.devnull, "ab") as log:  # each child keeps its own copy of the descriptor
-        while len(live) < SPARES:
-            live.append(Child(launch, log, timeout_s=timeout_s, wait=False))
+        live = top_up_spares(launch, log, timeout_s)
     for child in list(live):
         try:
             child.ready()
