@@ -179,11 +179,13 @@ class Child:
 
 # Pre-started children per launch profile, kept by this judge worker for its next solutions: a
 # child imports torch while the judge works on the current one, so a solution's dispatch costs its
-# files and its extension's load, not an interpreter's start. Two of them: a solution that fails
-# fast (a -1 in a second) leaves the next one a spare started a whole evaluation earlier, not one
-# still importing (4.3 s dispatch on the H200 with one, docs/gpu.md). Never reused: taken once,
-# then killed.
-SPARES = 2
+# files and its extension's load, not an interpreter's start. Spares are started once a solution's
+# timing is over (take_child), so the one a solution takes was started two evaluations earlier: a
+# solution that fails fast (a -1 in a second) still leaves the next one a spare that has imported
+# (4.3 s dispatch on the H200 with one spare started at take, docs/gpu.md). Each costs about a
+# CUDA context (~0.5 GiB of the GPU) and an imported torch (~1 GiB of host memory) per judge
+# worker. Never reused: taken once, then killed.
+SPARES = 3
 _SPARE = {}
 
 
