@@ -97,10 +97,10 @@ def _guard(reason, fn):
 def eager_checks(code, device, rtol, atol, gpu_lock=None, skip=frozenset(), extra=(), phases=None):
     """Load, run and check everything but timing and compile. Returns (module, model, inputs, out).
 
-    Loading and building run unlocked: weights and inputs are made on the CPU (seconds for the
-    larger tasks) and only copied to the GPU; holding the lock over that stalled every timer behind
-    it (28 instead of 73 tasks/min per H200). The GPU runs hold gpu_lock shared, so they go beside
-    a neighbour's checks but never inside a neighbour's timed region."""
+    Loading and building run unlocked: weights are made on the CPU and only copied to the GPU;
+    holding the lock over CPU work stalled every timer behind it (28 instead of 73 tasks/min per
+    H200). Inputs are drawn on the GPU (_inputs). The GPU runs hold gpu_lock shared, so they go
+    beside a neighbour's checks but never inside a neighbour's timed region."""
     try:
         with _phase(phases, "build_s"):
             mod = T.load_module(code)
@@ -110,8 +110,8 @@ def eager_checks(code, device, rtol, atol, gpu_lock=None, skip=frozenset(), extr
         with _phase(phases, "build_s"):
             model = T.build(mod, device)
         with _phase(phases, "inputs_s"):
-            inputs_a = T.make_inputs(mod, device, seed=1)
-            inputs_b = T.make_inputs(mod, device, seed=2)
+            inputs_a = _inputs(mod, device, 1, gpu_lock)
+            inputs_b = _inputs(mod, device, 2, gpu_lock)
     except T.TaskError as e:
         raise Reject("eager_error" if e.reason != "import_error" else "import_error", str(e)) from None
     tracer = OpTracer(model)
@@ -125,6 +125,20 @@ def eager_checks(code, device, rtol, atol, gpu_lock=None, skip=frozenset(), extr
         res = _run_checks(model, inputs_a, inputs_b, first, mod, tracer, skip)
         _plugin_checks(extra, model, inputs_a, res[3])
         return res
+
+
+def _inputs(mod, device, seed, gpu_lock):
+    """One input set. On a GPU it is drawn there, under the shared lock (kernels beside a
+    neighbour's checks, never inside its timed region): drawn on the CPU and copied, input
+    generation was the largest phase of a judged task (2.8 s of 8.7 on the H200, docs/gpu.md). A
+    get_inputs() that fails on the device (an op without a CUDA kernel) is drawn on the CPU."""
+    if str(device).startswith("cuda"):
+        try:
+            with timing.shared(gpu_lock):
+                return T.make_inputs(mod, device, seed=seed, on_device=True)
+        except T.TaskError:
+            pass
+    return T.make_inputs(mod, device, seed=seed)
 
 
 @contextlib.contextmanager

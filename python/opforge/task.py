@@ -4,6 +4,7 @@ A task is Python source defining `class Model(nn.Module)`, `get_inputs()` and
 `get_init_inputs()`. Failures are raised as TaskError with a fixed reason code, which callers
 record as data.
 """
+import contextlib
 import random
 import types
 
@@ -64,10 +65,14 @@ def build(mod, device, seed=0):
         raise TaskError("init_error", f"moving to {device}: {type(e).__name__}: {e}") from None
 
 
-def make_inputs(mod, device, seed=1):
+def make_inputs(mod, device, seed=1, on_device=False):
+    """get_inputs() with the RNG seeded, moved to `device`. on_device: drawn there (the factory
+    functions under torch.device), not on the CPU and copied: a GiB of torch.randn is seconds of
+    a CPU core beside milliseconds of a GPU."""
     seed_everything(seed)
     try:
-        inputs = mod.get_inputs()
+        with torch.device(device) if on_device else contextlib.nullcontext():
+            inputs = mod.get_inputs()
     except Exception as e:  # noqa: BLE001
         raise TaskError("input_error", f"{type(e).__name__}: {e}") from None
     return [to_device(x, device) for x in inputs]
