@@ -8,6 +8,8 @@
 #     throughput  bench/filter_throughput.sh over TP_N (default 20) fresh candidates at 8/4/2/1 workers on GPU 0
 #                 (most telling row first, in case the call is cut)
 #     serve       opforge serve judging the eval bench's solutions over HTTP (bench/serve_gpu.py)
+#     trainer     opforge-trainer against transformers on GPU 0 (bench/trainer_gpu.py): generation tokens/s and
+#                 one SFT step's time and peak memory for a random Qwen2.5-0.5B-shaped model (~3 min)
 #     checks      eval + throughput
 #     dedupscale  build-gpu/bench/opforge_bench_dedup 100000 10000 1024 --no-exact: dedup's search at the
 #                 issue's scale on that machine's cores (no GPU used; 87 s on the 2-core CPU machine)
@@ -23,7 +25,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 P=/opt/torch/.venv/bin/python3
 B=$PWD/build-gpu/opforge
-[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|throughput|checks|kb|dedupscale|corpus..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|agent|serve|trainer|throughput|checks|kb|dedupscale|corpus..." >&2; exit 2; }
 source .device/env.sh > /dev/null
 export PATH=/opt/torch/.venv/bin:$PATH
 # bubblewrap comes in .device (pack-debs.sh bubblewrap): the judge sandboxes every solution with it.
@@ -115,6 +117,20 @@ case $step in
     kill "$spid"; wait "$spid"
     tail -40 /tmp/serve.log > "$OUT/serve_log_tail.txt"
     cat "$OUT/serve.txt"
+    ;;
+  trainer)
+    # The build step builds build-gpu/opforge-trainer when the trainer's configure succeeds (TRAINER=ON).
+    stamp "opforge-trainer vs transformers on GPU 0 (random Qwen2.5-0.5B shape)"
+    if [ -x build-gpu/opforge-trainer ]; then
+      mkdir -p /tmp/trn/logs  # progress (stderr) shown here and kept beside the processes' logs
+      CUDA_VISIBLE_DEVICES=0 timeout "${TRAINER_TIMEOUT:-360}" $P bench/trainer_gpu.py build-gpu/opforge-trainer /tmp/trn \
+        --device cuda --out "$OUT/trainer.json" > "$OUT/trainer.txt" 2> >(tee /tmp/trn/logs/bench.log >&2)
+      echo "trainer bench rc $?" >> "$OUT/trainer.txt"
+      tar czf "$OUT/trainer_logs.tgz" -C /tmp/trn logs 2> /dev/null
+    else
+      echo "build-gpu/opforge-trainer was not built (grep 'trainer off' /tmp/build.log)" > "$OUT/trainer.txt"
+    fi
+    cat "$OUT/trainer.txt"
     ;;
   throughput)
     # TP_CPUS (e.g. 0-15) pins the bench to part of a bigger machine, to stand for a one-GPU one.
