@@ -35,7 +35,7 @@ struct ComposeOptions {
   // that no real model has (a real edge weighs the number of families that have it): 0 walks
   // real edges only, more gives more distinct structures and fewer real pairs (docs/realism.md).
   std::string stats, device = "cpu";
-  double anchor_share = 0.9, exotic_share = 0.05, edge_smoothing = 0.5;
+  double anchor_share = 0.95, exotic_share = 0.05, edge_smoothing = 0.5;
   // llm backend
   std::string llm_url, llm_model, llm_key_env = "OPENAI_API_KEY";
   int llm_concurrency = 8;

@@ -479,7 +479,7 @@ _GRAMMARS = {}
 
 
 def compose_graph(seeds, sizes, seed, block, start, mix, stats_path, target_ms=10.0, seeds_key=None, device="cpu",
-                  anchor_share=0.9, exotic_share=0.05, edge_smoothing=0.5, end=None, crashed=()):
+                  anchor_share=0.95, exotic_share=0.05, edge_smoothing=0.5, end=None, crashed=()):
     """Handler `compose_graph`: the graph backend's candidates of one block (compose.compose_block).
     A worker keeps the grammar of the last (stats, seeds, device), like the template's Composer."""
     key = (stats_path, seeds_key, device, edge_smoothing)
