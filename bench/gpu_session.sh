@@ -14,12 +14,15 @@
 #     dedupscale  build-gpu/bench/opforge_bench_dedup 100000 10000 1024 --no-exact: dedup's search at the
 #                 issue's scale on that machine's cores (no GPU used; 87 s on the 2-core CPU machine)
 #     kb          bench/kb_filter.sh over the KernelBench checkout carried in .kb/KernelBench (levels 1-3,
-#                 8 workers on GPU 0): verdicts per level before/after the retry alone, compile_mismatch study
-#     corpus      opforge run --preset ops6k --count $COUNT (default 1000) on every GPU; resumable:
-#                 .gpuws/corpus.db.gz, when carried, is where it goes on (and /tmp/cws on a warm machine)
+#                 8 workers on GPU 0): verdicts per level before/after the retry alone, compile_mismatch study;
+#                 resumes /tmp/kbws or bench/results/kb_h200.db.gz (KB_FRESH=1 starts over); kb.db.gz comes back
+#     corpus      opforge run --preset ops6k --count $COUNT (default 1000) on every GPU; resumable: /tmp/cws on a
+#                 warm machine, else CORPUS_DB when given (e.g. bench/results/ops6k_h200.db.gz), else a new
+#                 workspace on the committed H200 crawl (CRAWL_DB); corpus.db.gz comes back
 # A machine kept warm between calls keeps build-gpu and /tmp, so a later call can skip `build`.
 # At most 8 files come back from $OUT: each step writes few (the logs of a step in one file).
-# Needs .device (../shared/device/pack-debs.sh) and .gpuws/crawl.db.gz (a crawl made on an H200) carried.
+# Needs .device (../shared/device/pack-debs.sh) carried; CRAWL_DB (default bench/results/crawl_h200.db.gz,
+# a crawl made on an H200, committed) saves the corpus and throughput steps a crawl.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -36,6 +39,7 @@ export PATH=/opt/torch/.venv/bin:$PATH
 for d in /usr/lib/x86_64-linux-gnu/openblas-pthread /usr/lib/x86_64-linux-gnu/openblas-openmp; do
   [ -f "$d/libblas.so.3" ] && { export LD_LIBRARY_PATH=$d:$LD_LIBRARY_PATH; break; }
 done
+CRAWL_DB=${CRAWL_DB:-bench/results/crawl_h200.db.gz}
 stamp() { echo "== $(date +%T) $*" | tee -a "$OUT/steps.txt"; }
 restore_ws() {  # WS DBGZ: a workspace from a carried database (none carried: the run crawls)
   mkdir -p "$1"
@@ -135,21 +139,25 @@ case $step in
   throughput)
     # TP_CPUS (e.g. 0-15) pins the bench to part of a bigger machine, to stand for a one-GPU one.
     stamp "filter throughput on GPU 0${TP_CPUS:+, cores $TP_CPUS}"
-    restore_ws /tmp/fws .gpuws/crawl.db.gz
+    restore_ws /tmp/fws "$CRAWL_DB"
     $B compose --workspace /tmp/fws --count 300 --workers 8 2> /dev/null
     CUDA_VISIBLE_DEVICES=0 OPFORGE=$B PYTHON=$P timeout "${TP_TIMEOUT:-420}" ${TP_CPUS:+taskset -c $TP_CPUS} bash bench/filter_throughput.sh /tmp/fws "${TP_N:-20}" 8 4 2 1 |
       tee "$OUT/filter_throughput.txt"
     ;;
   kb)
     stamp "KernelBench levels 1-3, import and filter, 8 workers on GPU 0"
-    rm -rf /tmp/kbws /tmp/kbws.*
+    # Resumable: a warm machine's /tmp/kbws, else the database an earlier call brought back
+    # (KB_DB, committed under bench/results/), else from nothing. Import is idempotent and the
+    # filter judges what is pending, the retries alone included, so one call goes on from another.
+    [ -n "${KB_FRESH:-}" ] && rm -rf /tmp/kbws /tmp/kbws.*
+    restore_ws /tmp/kbws "${KB_DB:-bench/results/kb_h200.db.gz}"
     # KB_TIMEOUT bounds the filter; the report, the study and the workspace come back either way.
     CUDA_VISIBLE_DEVICES=0 OPFORGE=$B PYTHON=$P FILTER_TIMEOUT=${KB_TIMEOUT:-420} bash bench/kb_filter.sh .kb/KernelBench \
       /tmp/kbws 8 > "$OUT/kb.txt" 2>&1
     cat "$OUT/kb.txt"
     $P -c "import sqlite3; sqlite3.connect('/tmp/kbws/opforge.db').execute('PRAGMA wal_checkpoint(TRUNCATE)')"
-    gzip -c /tmp/kbws/opforge.db > /tmp/kbws.db.gz
-    tar czf "$OUT/kb_reports.tgz" -C /tmp kbws.db.gz kbws.kb_report.json kbws.compile_mismatch.json kbws.filter.log 2> /dev/null
+    gzip -c /tmp/kbws/opforge.db > "$OUT/kb.db.gz"
+    tar czf "$OUT/kb_reports.tgz" -C /tmp kbws.kb_report.json kbws.compile_mismatch.json kbws.filter.log 2> /dev/null
     ;;
   dedupscale)
     stamp "dedup search, 100k tasks x 10k references, $(nproc) cores"
@@ -158,7 +166,7 @@ case $step in
     ;;
   corpus)
     count=${COUNT:-1000}
-    if [ -f .gpuws/corpus.db.gz ]; then restore_ws /tmp/cws .gpuws/corpus.db.gz; else restore_ws /tmp/cws .gpuws/crawl.db.gz; fi
+    restore_ws /tmp/cws "${CORPUS_DB:-$CRAWL_DB}"
     stamp "opforge run --preset ops6k --count $count"
     timeout "${RUN_TIMEOUT:-500}" $B run --workspace /tmp/cws --preset ops6k --count "$count" 2> "$OUT/run.log"
     echo "run rc $?"
