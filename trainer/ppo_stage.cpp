@@ -9,6 +9,7 @@
 
 #include "checkpoint.h"
 #include "data.h"
+#include "device_memory.h"
 #include "generate.h"
 #include "opforge/core/error.h"
 #include "opforge/core/progress.h"
@@ -249,6 +250,7 @@ PpoResult train_ppo(const PpoOptions& o, const std::vector<Prompt>& prompts, con
   progress.tick(static_cast<std::size_t>(st.step));
   for (int64_t step = st.step + 1; step <= o.steps; ++step) {
     auto t0 = Clock::now();
+    reset_peak_memory(r->actor.device());
     json m = {{"step", step}};
     if (auto ro = rollout(*r, prompts, tok, reward, step, m)) {
       Targets t = targets(*r, *ro, m);
@@ -257,6 +259,7 @@ PpoResult train_ppo(const PpoOptions& o, const std::vector<Prompt>& prompts, con
       spdlog::warn("ppo step {}: every answer's reward was null (the judge failed); no update", step);
     }
     m["seconds"] = secs_since(t0);
+    if (auto gib = peak_memory_gib(r->actor.device())) m["peak_mem_gib"] = *gib;
     res.reward_mean.push_back(m["reward_mean"].get<double>());
     log.write(m);
     save_checkpoint(o.out, parts, {step, {{"stage", "ppo"}}});

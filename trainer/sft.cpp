@@ -11,6 +11,7 @@
 
 #include "checkpoint.h"
 #include "data.h"
+#include "device_memory.h"
 #include "opforge/core/error.h"
 #include "opforge/core/progress.h"
 
@@ -128,9 +129,11 @@ SftResult train_sft(const SftOptions& o) {
   progress.tick(static_cast<std::size_t>(st.step));
   for (int64_t step = st.step + 1; step <= r.total; ++step) {
     auto t0 = std::chrono::steady_clock::now();
+    reset_peak_memory(r.model.device());
     json m = sft_step(r.model, opt, r.rows, batch_of_step(step, static_cast<int64_t>(r.rows.ids.size()), o.batch, o.seed), o, r.pad);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     m.update({{"step", step}, {"lr", o.lr}, {"seconds", secs}, {"tokens_per_s", m["tokens"].get<double>() / secs}});
+    if (auto gib = peak_memory_gib(r.model.device())) m["peak_mem_gib"] = *gib;
     res.last_loss = m["loss"].get<double>();
     bool save = step % o.save_every == 0 || step == r.total;
     if (save && !r.val.ids.empty()) m["val_loss"] = res.val_loss = val_loss(r.model, r.val, o.batch, r.pad);
