@@ -15,6 +15,8 @@
 #include "safetensors.h"
 #include "tokenizer.h"
 #include "test_support.h"
+#include "value.h"
+#include "value_stage.h"
 
 namespace opforge::test {
 namespace {
@@ -46,6 +48,13 @@ class Trainer : public ::testing::Test {
 fs::path Trainer::dir_;
 
 double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
+
+std::vector<json> jsonl(const fs::path& file) {
+  std::vector<json> rows;
+  std::string line;
+  for (std::istringstream in(read_file(file)); std::getline(in, line);) rows.push_back(json::parse(line));
+  return rows;
+}
 
 TEST_F(Trainer, LogitsMatchTransformersOnABatchInFloat32) {
   for (std::string name : {"qwen2", "llama"}) {
@@ -263,9 +272,23 @@ TEST_F(Trainer, PpoRaisesASyntheticRewardAndAResumedRunEndsBitwiseIdentical) {
   EXPECT_LT(first["rollout_logp_gap"].get<double>(), 1e-4) << "the rollout's logprobs are the trainer's";
   for (const char* k : {"approx_kl", "entropy", "value_loss", "clip_fraction", "explained_variance", "kl_ref"})
     EXPECT_TRUE(first.contains(k) && std::isfinite(first[k].get<double>())) << k;
+  // Every answer is logged in train value's trajectory format, d's with their null reward.
+  std::vector<json> traj = jsonl(d / "whole" / "trajectories.jsonl");
+  ASSERT_EQ(traj.size(), 6u * 24u);
+  for (auto& t : traj) {
+    ASSERT_TRUE(t.contains("ids") && t.contains("prompt_len") && t.contains("logprobs") && t.contains("step")) << t;
+    EXPECT_EQ(t["ids"].size(), t["prompt_len"].get<std::size_t>() + t["logprobs"].size()) << t;
+    EXPECT_EQ(t["reward"].is_null(), t["task_id"] == "d") << t;
+  }
+  // PPO's OUT is train value's input as it is: metrics.jsonl beside it is no trajectory.
+  Trajectories read = read_trajectories(d / "whole", model("qwen2"), 0);
+  EXPECT_EQ(read.rows.ids.size(), 6u * 18u);
+  EXPECT_EQ(read.null_reward, 6 * 6);
+  EXPECT_EQ(read.rows.skipped, 0);
   run("split", 2);
   PpoResult resumed = run("split", 6);
   EXPECT_EQ(resumed.reward_mean.size(), 4u);
+  EXPECT_TRUE(read_file(d / "whole" / "trajectories.jsonl") == read_file(d / "split" / "trajectories.jsonl"));
   EXPECT_TRUE(read_file(d / "whole" / "actor" / "model.safetensors") == read_file(d / "split" / "actor" / "model.safetensors"));
   EXPECT_TRUE(read_file(d / "whole" / "critic" / "value_head.safetensors") ==
               read_file(d / "split" / "critic" / "value_head.safetensors"));
@@ -299,6 +322,99 @@ TEST_F(Trainer, PpoRunsTwoStepsEndToEndWithTheRealJudge) {
   EXPECT_NE(read_file(d / "out" / "actor" / "model.safetensors"), read_file(model("qwen2") / "model.safetensors"));
   EXPECT_TRUE(fs::exists(d / "out" / "critic" / "value_head.safetensors"));
   EXPECT_TRUE(fs::exists(d / "out" / "metrics.png"));
+}
+
+
+// A trajectory of train value's format: `prompt` then `response`, with its final reward.
+json trajectory(std::vector<int64_t> prompt, const std::vector<int64_t>& response, const json& reward) {
+  json t = {{"prompt_len", prompt.size()}, {"reward", reward}};
+  prompt.insert(prompt.end(), response.begin(), response.end());
+  t["ids"] = prompt;
+  return t;
+}
+
+// opforge train value: two steps on PPO-format records (one with a loss_mask), a chat record with
+// a reward; a null reward and a malformed line are skipped and counted. The value head moves from
+// zero, every metric is finite, the critic loads as train ppo loads it, and a run stopped after a
+// step and resumed ends with the bytes of an uninterrupted one.
+TEST_F(Trainer, ValuePretrainingRunsEndToEndAndAResumedRunEndsBitwiseIdentical) {
+  TempDir d;
+  std::string data;
+  for (int i = 0; i < 6; ++i)
+    data += trajectory({5, 9, static_cast<int64_t>(30 + i)}, {40, 41, 42, static_cast<int64_t>(50 + i)}, i % 2 ? 1 : -1)
+                .dump() + "\n";
+  data += json{{"ids", {5, 9, 30, 41, 7, 8, 2}}, {"loss_mask", {0, 0, 0, 1, 0, 1, 1}}, {"reward", 2}}.dump() + "\n";
+  data += json{{"messages", json::array({{{"role", "user"}, {"content", "write relu"}},
+                                         {{"role", "assistant"}, {"content", "def f(x): return x"}}})},
+               {"reward", 3}}.dump() + "\n";
+  data += trajectory({5, 9}, {40}, nullptr).dump() + "\nnot a record\n";
+  write_file(d / "traj.jsonl", data);
+  auto value = [&](const std::string& out, const std::string& steps) {
+    return run_opforge({"train", "value", "--model", model("qwen2").string(), "--trajectories",
+                        (d / "traj.jsonl").string(), "--out", (d / out).string(), "--steps", steps, "--batch", "4",
+                        "--lr", "1e-3", "--save-every", "1"});
+  };
+  CmdResult whole = value("whole", "2");
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  EXPECT_EQ(whole.out, (d / "whole" / "critic").string() + "\n");
+  EXPECT_NE(whole.err.find("8 trajectories (1 with a null reward skipped, 1 skipped: traj.jsonl line 10"),
+            std::string::npos) << whole.err;
+  std::vector<json> m = jsonl(d / "whole" / "metrics.jsonl");
+  ASSERT_EQ(m.size(), 2u);
+  for (auto& row : m) {
+    for (const char* k : {"value_loss", "explained_variance", "value_mean", "return_mean", "seconds", "tokens_per_s"})
+      EXPECT_TRUE(row.contains(k) && std::isfinite(row[k].get<double>())) << k << " in " << row;
+    EXPECT_FALSE(row.contains("peak_mem_gib")) << "the CPU has no allocator peak to report";
+  }
+  EXPECT_EQ(m[0]["value_mean"], 0.0) << "a model folder's critic starts with a zero head";
+  auto head = read_safetensors(d / "whole" / "critic" / "value_head.safetensors");
+  EXPECT_GT(head["weight"].abs().sum().item<double>(), 0) << "the value head did not move";
+  ValueModel critic = ValueModel::load(d / "whole" / "critic", at::kCPU);  // as train ppo --critic loads it
+  at::Tensor ids = at::tensor(std::vector<int64_t>{5, 9, 30, 40}, at::kLong).unsqueeze(0);
+  EXPECT_GT(critic.values(ids, at::ones_like(ids)).abs().sum().item<double>(), 0);
+  ASSERT_EQ(value("split", "1").exit_code, 0);
+  CmdResult resumed = value("split", "2");
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("resuming"), std::string::npos);
+  for (const char* f : {"value_head.safetensors", "model.safetensors"})
+    EXPECT_TRUE(read_file(d / "whole" / "critic" / f) == read_file(d / "split" / "critic" / f))
+        << f << ": a resumed run must end with the weights of an uninterrupted one";
+  EXPECT_EQ(jsonl(d / "split" / "metrics.jsonl")[1]["value_loss"], m[1]["value_loss"]);
+}
+
+// Value pre-training learns a target it can: the reward is +1 when the trajectory is made of token
+// 40, -1 when of token 41 (visible at every response position), so a critic that learns nothing
+// stays at a loss of 0.5. And its returns are Monte-Carlo returns discounted per response token:
+// the tool output between two turns neither discounts nor cuts the chain.
+TEST_F(Trainer, ValuePretrainingLowersTheLossOnALearnableTargetWithDiscountedReturns) {
+  TempDir d;
+  std::string data;
+  for (int i = 0; i < 8; ++i) {
+    int64_t x = i % 2 ? 40 : 41;
+    data += trajectory({5, static_cast<int64_t>(9 + i), x}, {x, x, x, x, x}, x == 40 ? 1 : -1).dump() + "\n";
+  }
+  write_file(d / "learn.jsonl", data);
+  ValueOptions o;
+  o.model = model("qwen2");
+  o.trajectories = d / "learn.jsonl";
+  o.out = d / "learn";
+  o.steps = 8;
+  o.batch = 8;
+  o.lr = 3e-3;
+  std::vector<double> loss = train_value(o).value_loss;
+  ASSERT_EQ(loss.size(), 8u);
+  EXPECT_NEAR(loss[0], 0.5, 1e-6) << "a zero head against returns of +-1";
+  EXPECT_LT(loss.back(), 0.05) << "first " << loss[0] << ", last " << loss.back();  // 0.01 when written
+  EXPECT_GT(jsonl(d / "learn" / "metrics.jsonl").back()["explained_variance"].get<double>(), 0.8);  // 0.98
+  // Actions at positions 1, 2 and 5 (a value precedes its token): returns 0.25, 0.5, 1.
+  write_file(d / "gap.jsonl", json{{"ids", {5, 9, 30, 41, 7, 8, 2}}, {"loss_mask", {0, 0, 1, 1, 0, 0, 1}},
+                                   {"reward", 1}}.dump() + "\n");
+  o.trajectories = d / "gap.jsonl";
+  o.out = d / "gap";
+  o.steps = 1;
+  o.gamma = 0.5;
+  train_value(o);
+  EXPECT_NEAR(jsonl(d / "gap" / "metrics.jsonl")[0]["return_mean"].get<double>(), (0.25 + 0.5 + 1) / 3, 1e-6);
 }
 
 }  // namespace

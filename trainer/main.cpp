@@ -1,4 +1,4 @@
-// opforge-trainer: the commands that run libtorch in-process (generate; train to come). A binary of
+// opforge-trainer: the commands that run libtorch in-process (generate, train). A binary of
 // its own so that every other opforge process, the sandbox launcher of each judged solution among
 // them, does not load libtorch at start (0.6 s and 470 MB a process; docs/decisions.md); `opforge
 // generate` and `opforge train` exec it.
@@ -15,6 +15,7 @@
 #include "opforge/core/log.h"
 #include "opforge/core/paths.h"
 #include "tokenizer.h"
+#include "value_stage.h"
 
 namespace {
 using json = nlohmann::json;
@@ -64,9 +65,11 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
 }
 
 void add_ppo(CLI::App* train, std::function<int()>& run);
+void add_value(CLI::App* train, std::function<int()>& run);
 
 void add_train(CLI::App& app, std::function<int()>& run) {
-  CLI::App* train = app.add_subcommand("train", "The paper's training stages on a local Hugging Face model (libtorch): sft, ppo");
+  CLI::App* train = app.add_subcommand("train", "The paper's training stages on a local Hugging Face model (libtorch): "
+                                                "sft, value, ppo");
   train->require_subcommand(1);
   auto o = std::make_shared<SftOptions>();
   CLI::App* c = train->add_subcommand("sft", "Supervised fine-tuning on chat records, loss on assistant tokens only "
@@ -93,6 +96,7 @@ void add_train(CLI::App& app, std::function<int()>& run) {
       return 0;
     };
   });
+  add_value(train, run);
   add_ppo(train, run);
 }
 
@@ -123,11 +127,14 @@ void add_ppo(CLI::App* train, std::function<int()>& run) {
   auto a = std::make_shared<PpoArgs>();
   PpoOptions& o = a->o;
   CLI::App* c = train->add_subcommand("ppo", "Single-turn PPO with the judge's reward: B task prompts a step, K answers "
-                                             "each, actor and critic updated; resumes from OUT/checkpoint; prints OUT/actor");
+                                             "each, actor and critic updated; every answer logged to "
+                                             "OUT/trajectories.jsonl (train value's input); resumes from OUT/checkpoint; "
+                                             "prints OUT/actor");
   c->add_option("--actor", o.actor, "Model folder of the policy")->required();
   c->add_option("--critic", o.critic, "Critic folder (opforge train value's); default: the actor's trunk, value head 0");
   c->add_option("--tasks", a->tasks, "Tasks: a shard, a workspace or a folder of KernelBench files")->required();
-  c->add_option("--out", o.out, "Output folder: actor/, critic/, checkpoint/, metrics.jsonl, metrics.png")->required();
+  c->add_option("--out", o.out, "Output folder: actor/, critic/, checkpoint/, trajectories.jsonl, metrics.jsonl, "
+                                "metrics.png")->required();
   c->add_option("--steps", o.steps, "PPO iterations (rollouts + update)")->capture_default_str();
   c->add_option("--batch", o.batch, "Task prompts per iteration")->capture_default_str();
   c->add_option("--rollouts-per-task", o.rollouts_per_task, "Answers sampled per prompt")->capture_default_str();
@@ -151,6 +158,39 @@ void add_ppo(CLI::App* train, std::function<int()>& run) {
   c->add_option("--judge-arg", a->judge_args, "An argument for the started opforge serve (repeat), e.g. --policy");
   c->add_option("--judge-concurrency", a->concurrency, "Answers in flight at the judge")->capture_default_str();
   c->callback([a, &run] { run = [a] { return run_ppo(*a); }; });
+}
+
+void add_value(CLI::App* train, std::function<int()>& run) {
+  auto o = std::make_shared<ValueOptions>();
+  CLI::App* c = train->add_subcommand("value", "Value pre-training: the critic (trunk + scalar head) regressed on the "
+                                               "returns of judged trajectories (train ppo's trajectories.jsonl, or chat "
+                                               "records with a reward); resumes from OUT/checkpoint; prints OUT/critic, "
+                                               "which train ppo --critic takes");
+  c->add_option("--model", o->model, "The actor's folder: its tokenizer renders chat records")->required();
+  c->add_option("--critic-init", o->critic_init, "Folder the critic starts from (a model: value head 0; or a critic); "
+                                                 "default: --model");
+  c->add_option("--trajectories", o->trajectories, "JSONL of trajectories, or a folder of them (format: "
+                                                   "trainer/README.md); null rewards are skipped")->required();
+  c->add_option("--out", o->out, "Output folder: critic/, checkpoint/, metrics.jsonl, metrics.png")->required();
+  c->add_option("--epochs", o->epochs, "Passes over the trajectories")->capture_default_str();
+  c->add_option("--steps", o->steps, "Optimizer steps (overrides --epochs when > 0)")->capture_default_str();
+  c->add_option("--batch", o->batch, "Trajectories per optimizer step")->capture_default_str();
+  c->add_option("--lr", o->lr, "AdamW learning rate (train ppo's critic's)")->capture_default_str();
+  c->add_option("--weight-decay", o->weight_decay, "AdamW weight decay")->capture_default_str();
+  c->add_option("--max-grad-norm", o->max_grad_norm, "Gradient clipping")->capture_default_str();
+  c->add_option("--gamma", o->gamma, "Discount per response token")->capture_default_str();
+  c->add_option("--lam", o->lam, "GAE lambda of the returns (1: Monte-Carlo returns of the final reward)")
+      ->capture_default_str();
+  c->add_option("--max-len", o->max_len, "Longest trajectory kept (longer ones are skipped, not cut)")->capture_default_str();
+  c->add_option("--save-every", o->save_every, "Steps between checkpoints")->capture_default_str();
+  c->add_option("--seed", o->seed, "Data order")->capture_default_str();
+  c->add_option("--device", o->device, "cpu or cuda (float32 master weights on both)")->capture_default_str();
+  c->callback([o, &run] {
+    run = [o] {
+      std::cout << train_value(*o).critic_dir.string() << "\n";
+      return 0;
+    };
+  });
 }
 
 }  // namespace

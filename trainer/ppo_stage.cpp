@@ -86,10 +86,22 @@ struct PpoRun {
   std::vector<int64_t> stops;
 };
 
+// Every answer of the step in train value's trajectory format (value_stage.h), those with a null
+// reward too (train value counts and skips them): the critic can be pre-trained on PPO's rollouts.
+void log_trajectories(MetricsLog& log, const std::vector<std::string>& ids, const std::vector<std::vector<int64_t>>& ps,
+                      const std::vector<Generation>& gens, const std::vector<std::optional<double>>& rw, int64_t step) {
+  for (std::size_t i = 0; i < gens.size(); ++i) {
+    std::vector<int64_t> seq = ps[i];
+    seq.insert(seq.end(), gens[i].tokens.begin(), gens[i].tokens.end());
+    log.write({{"task_id", ids[i]}, {"step", step}, {"ids", seq}, {"prompt_len", ps[i].size()},
+               {"logprobs", gens[i].logprobs}, {"reward", rw[i] ? json(*rw[i]) : json()}});
+  }
+}
+
 // Samples K answers to each prompt of the step and has them judged; fills the metrics of the
 // rollout. Rows with a null reward are left out.
 std::optional<Rollouts> rollout(PpoRun& r, const std::vector<Prompt>& prompts, const Tokenizer& tok,
-                                const RewardFn& reward, int64_t step, json& m) {
+                                const RewardFn& reward, int64_t step, json& m, MetricsLog& trajectories) {
   const PpoOptions& o = r.o;
   std::vector<std::vector<int64_t>> ps;
   std::vector<std::string> ids;
@@ -119,6 +131,7 @@ std::optional<Rollouts> rollout(PpoRun& r, const std::vector<Prompt>& prompts, c
   auto t1 = Clock::now();
   std::vector<std::optional<double>> rw = reward(ids, texts, answers);
   OPFORGE_CHECK(rw.size() == texts.size(), "the reward function answered {} rewards for {} answers", rw.size(), texts.size());
+  log_trajectories(trajectories, ids, ps, gens, rw, step);
   std::vector<std::size_t> keep;
   std::map<std::string, int64_t> hist;
   double sum = 0, pass = 0;
@@ -244,7 +257,7 @@ PpoResult train_ppo(const PpoOptions& o, const std::vector<Prompt>& prompts, con
   std::vector<CheckpointPart> parts = {{"actor", [&](const fs::path& d) { r->actor.save(d); }, r->actor_opt.get()},
                                        {"critic", [&](const fs::path& d) { r->critic.save(d); }, r->critic_opt.get()}};
   TrainState st = resume ? load_checkpoint(o.out, parts, "ppo") : TrainState{};
-  MetricsLog log(o.out / "metrics.jsonl", st.step);
+  MetricsLog log(o.out / "metrics.jsonl", st.step), trajectories(o.out / "trajectories.jsonl", st.step);
   PpoResult res;
   Progress progress("ppo", static_cast<std::size_t>(o.steps));
   progress.tick(static_cast<std::size_t>(st.step));
@@ -252,7 +265,7 @@ PpoResult train_ppo(const PpoOptions& o, const std::vector<Prompt>& prompts, con
     auto t0 = Clock::now();
     reset_peak_memory(r->actor.device());
     json m = {{"step", step}};
-    if (auto ro = rollout(*r, prompts, tok, reward, step, m)) {
+    if (auto ro = rollout(*r, prompts, tok, reward, step, m, trajectories)) {
       Targets t = targets(*r, *ro, m);
       update(*r, *ro, t, m);
     } else {
