@@ -5,8 +5,10 @@
 
 #include <cmath>
 #include <fstream>
+#include <set>
 #include <sstream>
 
+#include "eval_stage.h"
 #include "generate.h"
 #include "model.h"
 #include "ppo_stage.h"
@@ -415,6 +417,65 @@ TEST_F(Trainer, ValuePretrainingLowersTheLossOnALearnableTargetWithDiscountedRet
   o.gamma = 0.5;
   train_value(o);
   EXPECT_NEAR(jsonl(d / "gap" / "metrics.jsonl")[0]["return_mean"].get<double>(), (0.25 + 0.5 + 1) / 3, 1e-6);
+}
+
+// Which tasks train eval takes: a shard's test split, the first N, and an error that says why
+// when the tasks (a folder of .py files) carry no split.
+TEST_F(Trainer, EvalTakesTheSplitOfShardsAndRefusesASplitOfPyTasks) {
+  TempDir d;
+  std::string code = read_file(fixtures() / "eval" / "tasks" / "linear_relu.py");
+  std::string shard;
+  for (auto [id, split] : {std::pair{"t1", "test"}, {"t2", "train"}, {"t3", "test"}})
+    shard += json{{"id", id}, {"code", code}, {"split", split}}.dump() + "\n";
+  write_file(d / "ops-all.jsonl", shard);
+  Tokenizer tok(model("qwen2"));
+  ModelEvalOptions o;
+  o.tasks = d / "ops-all.jsonl";
+  o.split = "test";
+  std::vector<std::string> ids;
+  for (auto& p : eval_prompts(o, tok)) ids.push_back(p.task_id);
+  EXPECT_EQ(ids, (std::vector<std::string>{"t1", "t3"}));
+  o.limit = 1;
+  EXPECT_EQ(eval_prompts(o, tok).size(), 1u);
+  fs::create_directories(d / "py");
+  fs::copy_file(fixtures() / "eval" / "tasks" / "linear_relu.py", d / "py" / "linear_relu.py");
+  o.tasks = d / "py";
+  try {
+    eval_prompts(o, tok);
+    ADD_FAILURE() << "--split on .py tasks must be an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a folder of .py tasks, whose tasks have no split"), std::string::npos)
+        << e.what();
+  }
+}
+
+// opforge train eval end to end: greedy answers to two fixture tasks judged by a real opforge serve
+// (a random model's answers are -1), the summary on stdout and a row per task in --out.
+TEST_F(Trainer, EvalJudgesGreedyAnswersEndToEndWithTheRealJudge) {
+  TempDir d;
+  fs::create_directories(d / "tasks");
+  for (const char* t : {"linear_relu.py", "softmax_sum.py"})
+    fs::copy_file(fixtures() / "eval" / "tasks" / t, d / "tasks" / t);
+  CmdResult r = run_opforge({"train", "eval", "--model", model("qwen2").string(), "--tasks", (d / "tasks").string(),
+                             "--max-new-tokens", "12", "--out", (d / "rows.jsonl").string(), "--judge-arg=--trials",
+                             "--judge-arg=5"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  json s = json::parse(r.out);
+  EXPECT_EQ(s["tasks"], 2);
+  EXPECT_EQ(s["judged"], 2) << "the judge failed: " << read_file(d / "rows.jsonl.judge" / "serve.log");
+  EXPECT_EQ(s["null"], 0);
+  EXPECT_EQ(s["pass_at_1"], 0.0);
+  EXPECT_EQ(s["mean_reward"], -1.0);
+  EXPECT_EQ(s["reward_hist"], json({{"-1", 2}, {"1", 0}, {"2", 0}, {"3", 0}}));
+  std::vector<json> rows = jsonl(d / "rows.jsonl");
+  ASSERT_EQ(rows.size(), 2u);
+  std::set<std::string> tasks;
+  for (auto& row : rows) {
+    tasks.insert(row["task_id"].get<std::string>());
+    EXPECT_EQ(row["reward"], -1);
+    EXPECT_LE(row["response_tokens"].get<int>(), 12);
+  }
+  EXPECT_EQ(tasks, (std::set<std::string>{"linear_relu", "softmax_sum"}));
 }
 
 }  // namespace

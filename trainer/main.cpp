@@ -5,8 +5,11 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include <iostream>
 
+#include "eval_stage.h"
 #include "generate.h"
 #include "judge_process.h"
 #include "judge_reward.h"
@@ -66,10 +69,11 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
 
 void add_ppo(CLI::App* train, std::function<int()>& run);
 void add_value(CLI::App* train, std::function<int()>& run);
+void add_eval(CLI::App* train, std::function<int()>& run);
 
 void add_train(CLI::App& app, std::function<int()>& run) {
   CLI::App* train = app.add_subcommand("train", "The paper's training stages on a local Hugging Face model (libtorch): "
-                                                "sft, value, ppo");
+                                                "sft, value, ppo, eval");
   train->require_subcommand(1);
   auto o = std::make_shared<SftOptions>();
   CLI::App* c = train->add_subcommand("sft", "Supervised fine-tuning on chat records, loss on assistant tokens only "
@@ -98,27 +102,51 @@ void add_train(CLI::App& app, std::function<int()>& run) {
   });
   add_value(train, run);
   add_ppo(train, run);
+  add_eval(train, run);
+}
+
+// The judge of train ppo and train eval: --judge-url's service, or an opforge serve of --tasks
+// that the command starts (and stops).
+struct JudgeArgs {
+  std::filesystem::path tasks;
+  std::string url;
+  std::vector<std::string> args;
+  int concurrency = 4;
+};
+
+void add_judge_options(CLI::App* c, JudgeArgs& j) {
+  c->add_option("--tasks", j.tasks, "Tasks: a shard, a workspace or a folder of KernelBench files")->required();
+  c->add_option("--judge-url", j.url, "A running opforge serve (http://host:port); default: one started here");
+  c->add_option("--judge-arg", j.args, "An argument for the started opforge serve (repeat), e.g. --policy");
+  c->add_option("--judge-concurrency", j.concurrency, "Answers in flight at the judge")->capture_default_str();
+}
+
+struct Judge {
+  std::unique_ptr<opforge::evaluator::JudgeProcess> own;
+  opforge::evaluator::JudgeClient client;
+};
+
+// `dir` holds the started judge's state and serve.log. A unique_ptr: judge_reward holds the client by reference.
+std::unique_ptr<Judge> start_judge(const JudgeArgs& a, const std::string& device, const std::filesystem::path& dir) {
+  auto j = std::make_unique<Judge>();
+  j->client.url = a.url;
+  if (j->client.url.empty()) {
+    j->own = std::make_unique<opforge::evaluator::JudgeProcess>(a.tasks, device, a.args, dir);
+    j->client.url = j->own->url();
+  }
+  return j;
 }
 
 struct PpoArgs {
   PpoOptions o;
-  std::filesystem::path tasks;
-  std::string judge_url;
-  std::vector<std::string> judge_args;
-  int concurrency = 4;
+  JudgeArgs judge;
 };
 
 int run_ppo(const PpoArgs& a) {
   Tokenizer tok(a.o.actor);
-  std::vector<Prompt> prompts = task_prompts(a.tasks, tok);
-  std::unique_ptr<opforge::evaluator::JudgeProcess> own;
-  opforge::evaluator::JudgeClient judge;
-  judge.url = a.judge_url;
-  if (judge.url.empty()) {
-    own = std::make_unique<opforge::evaluator::JudgeProcess>(a.tasks, a.o.device, a.judge_args, a.o.out / "judge");
-    judge.url = own->url();
-  }
-  PpoResult r = train_ppo(a.o, prompts, tok, judge_reward(judge, a.concurrency));
+  std::vector<Prompt> prompts = task_prompts(a.judge.tasks, tok);
+  auto judge = start_judge(a.judge, a.o.device, a.o.out / "judge");
+  PpoResult r = train_ppo(a.o, prompts, tok, judge_reward(judge->client, a.judge.concurrency));
   std::cout << r.actor_dir.string() << "\n";
   return 0;
 }
@@ -132,7 +160,6 @@ void add_ppo(CLI::App* train, std::function<int()>& run) {
                                              "prints OUT/actor");
   c->add_option("--actor", o.actor, "Model folder of the policy")->required();
   c->add_option("--critic", o.critic, "Critic folder (opforge train value's); default: the actor's trunk, value head 0");
-  c->add_option("--tasks", a->tasks, "Tasks: a shard, a workspace or a folder of KernelBench files")->required();
   c->add_option("--out", o.out, "Output folder: actor/, critic/, checkpoint/, trajectories.jsonl, metrics.jsonl, "
                                 "metrics.png")->required();
   c->add_option("--steps", o.steps, "PPO iterations (rollouts + update)")->capture_default_str();
@@ -154,9 +181,7 @@ void add_ppo(CLI::App* train, std::function<int()>& run) {
   c->add_option("--lam", o.lam, "GAE lambda")->capture_default_str();
   c->add_option("--seed", o.seed, "Task order and sampling")->capture_default_str();
   c->add_option("--device", o.device, "cpu or cuda (also the judge's device)")->capture_default_str();
-  c->add_option("--judge-url", a->judge_url, "A running opforge serve (http://host:port); default: one started here");
-  c->add_option("--judge-arg", a->judge_args, "An argument for the started opforge serve (repeat), e.g. --policy");
-  c->add_option("--judge-concurrency", a->concurrency, "Answers in flight at the judge")->capture_default_str();
+  add_judge_options(c, a->judge);
   c->callback([a, &run] { run = [a] { return run_ppo(*a); }; });
 }
 
@@ -191,6 +216,52 @@ void add_value(CLI::App* train, std::function<int()>& run) {
       return 0;
     };
   });
+}
+
+struct EvalArgs {
+  ModelEvalOptions o;
+  JudgeArgs judge;
+};
+
+struct JudgeDir {
+  std::filesystem::path path;
+  bool keep;
+  ~JudgeDir() {
+    std::error_code ignored;  // a leftover temporary folder is no reason to fail a finished evaluation
+    if (!keep) std::filesystem::remove_all(path, ignored);
+  }
+};
+
+int run_eval(EvalArgs& a) {
+  a.o.tasks = a.judge.tasks;
+  Tokenizer tok(a.o.model);
+  std::vector<Prompt> prompts = eval_prompts(a.o, tok);
+  // Beside --out the judge's submissions and log stay to explain each row; without it they go.
+  JudgeDir dir{a.o.out.empty() ? std::filesystem::temp_directory_path() / fmt::format("opforge-eval-{}", ::getpid())
+                               : std::filesystem::path(a.o.out.string() + ".judge"),
+               !a.o.out.empty()};
+  auto judge = start_judge(a.judge, a.o.device, dir.path);
+  std::cout << eval_model(a.o, prompts, tok, judge_reward(judge->client, a.judge.concurrency)).dump() << "\n";
+  return 0;
+}
+
+void add_eval(CLI::App* train, std::function<int()>& run) {
+  auto a = std::make_shared<EvalArgs>();
+  ModelEvalOptions& o = a->o;
+  CLI::App* c = train->add_subcommand("eval", "Greedy answers to the tasks' solving prompts (train ppo's), judged; "
+                                              "prints {tasks, judged, null, pass_at_1, mean_reward, reward_hist} as "
+                                              "one JSON object");
+  c->add_option("--model", o.model, "Model folder to evaluate")->required();
+  c->add_option("--split", o.split, "Only the tasks of this split (train or test): shards only, whose records "
+                                    "carry one");
+  c->add_option("--limit", o.limit, "The first N tasks (0: all)")->capture_default_str();
+  c->add_option("--max-new-tokens", o.max_new_tokens, "Longest answer")->capture_default_str();
+  c->add_option("--batch", o.batch, "Prompts generated at once")->capture_default_str();
+  c->add_option("--device", o.device, "cpu or cuda (also the judge's device)")->capture_default_str();
+  c->add_option("--out", o.out, "JSONL of per-task rows {task_id, reward, finish, response_tokens, response}; "
+                                "the judge's folder goes beside it (OUT.judge)");
+  add_judge_options(c, a->judge);
+  c->callback([a, &run] { run = [a] { return run_eval(*a); }; });
 }
 
 }  // namespace
