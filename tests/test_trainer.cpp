@@ -1,5 +1,6 @@
 // The trainer's causal LM against transformers itself: tiny random Qwen2 and Llama checkpoints
 // made offline by tests/python/tiny_lm.py, whose logits and greedy tokens transformers computed.
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -74,6 +75,45 @@ TEST_F(Trainer, LogitsMatchTransformersOnABatchInFloat32) {
     EXPECT_LT(max_diff(padded.index({real}), ref["padded_logits"].index({real})), 1e-4) << name;
     EXPECT_FALSE(padded.isnan().any().item<bool>()) << name << ": a padding row must not be NaN";
   }
+}
+
+// Gradient checkpointing recomputes each layer in backward: the same gradients as keeping the
+// activations (float32 on the CPU: the same operations twice), under autocast too; and the
+// autocast scope leaves the process's autocast state as it found it.
+std::map<std::string, at::Tensor> lm_grads(CausalLM& m, bool checkpoint, bool bf16) {
+  m.set_requires_grad(true);
+  m.set_checkpointing(checkpoint);
+  for (auto& p : m.parameters()) p.mutable_grad() = at::Tensor();
+  at::Tensor ids = at::randint(0, 200, {2, 9}, at::TensorOptions().dtype(at::kLong).device(m.device()));
+  ids = ids.clone();  // fixed by the caller's seed
+  at::Tensor mask = at::ones_like(ids);
+  mask[0].narrow(0, 0, 3).zero_();
+  {
+    Autocast cast(m.device(), bf16);
+    at::Tensor logits = m.forward(ids, mask);
+    (logits.to(at::kFloat).log_softmax(-1).select(-1, 7) * mask).sum().backward();
+  }
+  std::map<std::string, at::Tensor> g;
+  auto ps = m.parameters();
+  for (std::size_t k = 0; k < ps.size(); ++k) g[std::to_string(k)] = ps[k].grad().clone();
+  return g;
+}
+
+TEST_F(Trainer, GradientCheckpointingGivesTheGradientsOfAPlainBackward) {
+  CausalLM m = CausalLM::load(model("qwen2"), at::kCPU, at::kFloat);
+  for (bool bf16 : {false, true}) {
+    at::manual_seed(3);
+    auto plain = lm_grads(m, false, bf16);
+    at::manual_seed(3);
+    auto recomputed = lm_grads(m, true, bf16);
+    ASSERT_EQ(plain.size(), recomputed.size());
+    for (auto& [k, g] : plain) {
+      ASSERT_TRUE(g.defined() && recomputed[k].defined()) << "parameter " << k << " has no gradient";
+      EXPECT_LE(max_diff(g, recomputed[k]), 1e-6) << "parameter " << k << (bf16 ? " under autocast" : "");
+    }
+    EXPECT_GT(plain.begin()->second.abs().sum().item<double>(), 0.0);
+  }
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
 }
 
 TEST_F(Trainer, TheKvCacheGivesTheLogitsOfTheWholeSequence) {

@@ -69,6 +69,13 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
 
 void add_ppo(CLI::App* train, std::function<int()>& run);
 void add_value(CLI::App* train, std::function<int()>& run);
+
+// The precision options every training stage takes.
+void add_precision_options(CLI::App* c, Precision& p) {
+  c->add_flag("--bf16", p.bf16, "bfloat16 autocast of matmuls and attention over float32 master weights (for CUDA)");
+  c->add_flag("--grad-checkpoint", p.checkpointing,
+              "Recompute each layer in backward instead of keeping its activations (less memory, ~1/3 more compute)");
+}
 void add_eval(CLI::App* train, std::function<int()>& run);
 
 void add_train(CLI::App& app, std::function<int()>& run) {
@@ -94,6 +101,7 @@ void add_train(CLI::App& app, std::function<int()>& run) {
   c->add_option("--save-every", o->save_every, "Steps between checkpoints")->capture_default_str();
   c->add_option("--seed", o->seed, "Data order")->capture_default_str();
   c->add_option("--device", o->device, "cpu or cuda (float32 master weights on both)")->capture_default_str();
+  add_precision_options(c, o->precision);
   c->callback([o, &run] {
     run = [o] {
       std::cout << train_sft(*o).model_dir.string() << "\n";
@@ -181,6 +189,7 @@ void add_ppo(CLI::App* train, std::function<int()>& run) {
   c->add_option("--lam", o.lam, "GAE lambda")->capture_default_str();
   c->add_option("--seed", o.seed, "Task order and sampling")->capture_default_str();
   c->add_option("--device", o.device, "cpu or cuda (also the judge's device)")->capture_default_str();
+  add_precision_options(c, o.precision);
   add_judge_options(c, a->judge);
   c->callback([a, &run] { run = [a] { return run_ppo(*a); }; });
 }
@@ -210,6 +219,7 @@ void add_value(CLI::App* train, std::function<int()>& run) {
   c->add_option("--save-every", o->save_every, "Steps between checkpoints")->capture_default_str();
   c->add_option("--seed", o->seed, "Data order")->capture_default_str();
   c->add_option("--device", o->device, "cpu or cuda (float32 master weights on both)")->capture_default_str();
+  add_precision_options(c, o->precision);
   c->callback([o, &run] {
     run = [o] {
       std::cout << train_value(*o).critic_dir.string() << "\n";

@@ -61,12 +61,17 @@ class CausalLM {
 
   std::vector<at::Tensor> parameters() const;  // every trainable tensor (tied weights once)
   void set_requires_grad(bool on);
+  // Gradient checkpointing: with grad mode on and no cache, each decoder layer keeps only its
+  // input and runs again during backward (activations of one layer held, not of all).
+  void set_checkpointing(bool on) { checkpointing_ = on; }
+  bool checkpointing() const { return checkpointing_; }
   const LmConfig& config() const { return cfg_; }
   const std::filesystem::path& source() const { return src_; }
   at::Device device() const { return device_; }
   at::ScalarType dtype() const { return dtype_; }
 
  private:
+  friend struct LayerCheckpoint;
   at::Tensor layer(int64_t i, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                    const at::Tensor& attn_mask, KvCache* cache) const;
   at::Tensor attention(int64_t i, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -78,6 +83,29 @@ class CausalLM {
   std::filesystem::path src_;
   at::Device device_{at::kCPU};
   at::ScalarType dtype_ = at::kFloat;
+  bool checkpointing_ = false;
+};
+
+// How a stage trains (--bf16, --grad-checkpoint): the memory and speed levers of one GPU.
+struct Precision {
+  bool bf16 = false;           // autocast matmuls and attention to bfloat16 (float32 master weights stay)
+  bool checkpointing = false;  // recompute each layer in backward (CausalLM::set_checkpointing)
+  nlohmann::json to_json() const { return {{"bf16", bf16}, {"grad_checkpoint", checkpointing}}; }
+};
+
+// bfloat16 autocast on `device` for its scope when `on` (matmuls and attention in bf16 over float32
+// master weights; norms and losses stay float32, as autocast's op lists decide). Off: nothing.
+class Autocast {
+ public:
+  Autocast(const at::Device& device, bool on);
+  ~Autocast();
+  Autocast(const Autocast&) = delete;
+  Autocast& operator=(const Autocast&) = delete;
+
+ private:
+  at::DeviceType type_;
+  bool on_, was_enabled_ = false;
+  at::ScalarType was_dtype_ = at::kBFloat16;
 };
 
 }  // namespace opforge::trainer

@@ -1,5 +1,9 @@
 // The forward pass of CausalLM (model.h), written to match transformers' Llama/Qwen2 modules
 // operation for operation, so that logits agree to float32 rounding (tests/test_trainer.cpp).
+#include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
 #include <fstream>
 #include <set>
 
@@ -42,6 +46,59 @@ at::Tensor attention_mask(const at::Tensor& mask, int64_t past, int64_t T) {
 
 }  // namespace
 
+// One decoder layer run without keeping its activations, and again in backward (the reentrant
+// checkpoint: the recomputed graph's backward accumulates into the weights' .grad, which every
+// stage reads after loss.backward()). The autocast state of the forward pass is restored for the
+// recompute, so both passes compute in the same dtypes. The model has no dropout: no RNG state
+// to replay.
+struct LayerCheckpoint : torch::autograd::Function<LayerCheckpoint> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos,
+                            const at::Tensor& sin, const at::Tensor& amask, const CausalLM* model, int64_t i) {
+    ctx->save_for_backward({x, cos, sin, amask});
+    const at::DeviceType t = x.device().type();
+    ctx->saved_data["model"] = reinterpret_cast<int64_t>(model);
+    ctx->saved_data["layer"] = i;
+    ctx->saved_data["autocast"] = at::autocast::is_autocast_enabled(t);
+    ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(at::autocast::get_autocast_dtype(t));
+    at::NoGradGuard no_grad;
+    return model->layer(i, x, cos, sin, amask, nullptr);
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_out) {
+    auto saved = ctx->get_saved_variables();
+    const auto* model = reinterpret_cast<const CausalLM*>(ctx->saved_data["model"].toInt());
+    at::Tensor x = saved[0].detach().requires_grad_(true);
+    at::Tensor y;
+    {
+      at::AutoGradMode grad(true);
+      Autocast cast(x.device(), ctx->saved_data["autocast"].toBool());
+      at::autocast::set_autocast_dtype(x.device().type(),
+                                       static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
+      y = model->layer(ctx->saved_data["layer"].toInt(), x, saved[1], saved[2], saved[3], nullptr);
+    }
+    torch::autograd::backward({y}, {grad_out[0]});
+    return {x.grad(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+Autocast::Autocast(const at::Device& device, bool on) : type_(device.type()), on_(on) {
+  if (!on_) return;
+  was_enabled_ = at::autocast::is_autocast_enabled(type_);
+  was_dtype_ = at::autocast::get_autocast_dtype(type_);
+  at::autocast::set_autocast_enabled(type_, true);
+  at::autocast::set_autocast_dtype(type_, at::kBFloat16);
+  at::autocast::increment_nesting();
+}
+
+Autocast::~Autocast() {
+  if (!on_) return;
+  // The cast weights are cached while any autocast scope is open; the outermost one drops them.
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(type_, was_enabled_);
+  at::autocast::set_autocast_dtype(type_, was_dtype_);
+}
+
 at::Tensor CausalLM::forward(const at::Tensor& ids, const at::Tensor& mask, KvCache* cache) const {
   return at::linear(hidden(ids, mask, cache), cfg_.tie_embeddings ? w("model.embed_tokens.weight") : w("lm_head.weight"));
 }
@@ -61,7 +118,9 @@ at::Tensor CausalLM::hidden(const at::Tensor& ids, const at::Tensor& mask, KvCac
   at::Tensor cos = emb.cos().to(dtype_), sin = emb.sin().to(dtype_);
   at::Tensor amask = attention_mask(mask.to(device_), past, T);
   at::Tensor x = at::embedding(w("model.embed_tokens.weight"), ids.to(device_));
-  for (int64_t i = 0; i < cfg_.layers; ++i) x = layer(i, x, cos, sin, amask, cache);
+  const bool recompute = checkpointing_ && !cache && at::GradMode::is_enabled();
+  for (int64_t i = 0; i < cfg_.layers; ++i)
+    x = recompute ? LayerCheckpoint::apply(x, cos, sin, amask, this, i) : layer(i, x, cos, sin, amask, cache);
   if (cache) cache->length += T;
   return rms_norm(x, w("model.norm.weight"), cfg_.rms_eps);
 }

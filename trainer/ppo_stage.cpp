@@ -27,7 +27,8 @@ json PpoOptions::to_json() const {
           {"mini_batch", mini_batch}, {"max_new_tokens", max_new_tokens}, {"lr", lr}, {"critic_lr", critic_lr},
           {"temperature", temperature}, {"top_p", top_p}, {"clip_low", clip_low}, {"clip_high", clip_high},
           {"dual_clip", dual_clip}, {"value_clip", value_clip}, {"kl_coef", kl_coef}, {"gamma", gamma}, {"lam", lam},
-          {"max_grad_norm", max_grad_norm}, {"weight_decay", weight_decay}, {"seed", seed}, {"device", device}};
+          {"max_grad_norm", max_grad_norm}, {"weight_decay", weight_decay}, {"seed", seed}, {"device", device},
+          {"precision", precision.to_json()}};
 }
 
 namespace {
@@ -234,6 +235,8 @@ std::unique_ptr<PpoRun> open_run(const PpoOptions& o, const Tokenizer& tok, bool
   if (o.kl_coef > 0) r->ref = CausalLM::load(o.actor, dev, at::kFloat);
   r->actor.set_requires_grad(true);
   r->critic.set_requires_grad(true);
+  r->actor.set_checkpointing(o.precision.checkpointing);
+  r->critic.set_checkpointing(o.precision.checkpointing);
   r->actor_opt = std::make_unique<torch::optim::AdamW>(
       r->actor.parameters(), torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay));
   r->critic_opt = std::make_unique<torch::optim::AdamW>(
@@ -265,6 +268,9 @@ PpoResult train_ppo(const PpoOptions& o, const std::vector<Prompt>& prompts, con
     auto t0 = Clock::now();
     reset_peak_memory(r->actor.device());
     json m = {{"step", step}};
+    // Rollouts, their targets and the update in one precision: bf16 logprobs scored against
+    // float32 ones would be a mismatch of our own making (rollout_logp_gap).
+    Autocast cast(r->actor.device(), o.precision.bf16);
     if (auto ro = rollout(*r, prompts, tok, reward, step, m, trajectories)) {
       Targets t = targets(*r, *ro, m);
       update(*r, *ro, t, m);

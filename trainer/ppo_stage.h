@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model.h"
 #include "tokenizer.h"
 
 namespace opforge::trainer {
@@ -24,6 +25,7 @@ struct PpoOptions {
   double gamma = 1.0, lam = 1.0, max_grad_norm = 1.0, weight_decay = 0.0;
   uint64_t seed = 0;
   std::string device = "cpu";
+  Precision precision;
   nlohmann::json to_json() const;
 };
 

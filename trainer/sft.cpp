@@ -23,7 +23,7 @@ json SftOptions::to_json() const {
   return {{"model", model.string()}, {"data", data.string()}, {"val", val.string()}, {"out", out.string()},
           {"epochs", epochs}, {"steps", steps}, {"batch", batch}, {"micro_batch", micro_batch},
           {"max_len", max_len}, {"save_every", save_every}, {"lr", lr}, {"weight_decay", weight_decay},
-          {"max_grad_norm", max_grad_norm}, {"seed", seed}, {"device", device}};
+          {"max_grad_norm", max_grad_norm}, {"seed", seed}, {"device", device}, {"precision", precision.to_json()}};
 }
 
 namespace {
@@ -59,6 +59,7 @@ json sft_step(const CausalLM& model, torch::optim::Optimizer& opt, const TokenRo
   }
   opt.zero_grad();
   double loss = 0;
+  Autocast cast(model.device(), o.precision.bf16);
   for (auto& b : parts) {
     at::Tensor l = nll_sum(model, b) / static_cast<double>(std::max<int64_t>(tokens, 1));
     l.backward();
@@ -108,6 +109,7 @@ SftRun open_run(const SftOptions& o, bool resume) {
                r.rows.skip_reasons.empty() ? "" : ": ", r.rows.skip_reasons.empty() ? "" : r.rows.skip_reasons[0],
                r.val.ids.size(), r.total);
   r.model.set_requires_grad(true);
+  r.model.set_checkpointing(o.precision.checkpointing);
   return r;
 }
 
@@ -136,7 +138,10 @@ SftResult train_sft(const SftOptions& o) {
     if (auto gib = peak_memory_gib(r.model.device())) m["peak_mem_gib"] = *gib;
     res.last_loss = m["loss"].get<double>();
     bool save = step % o.save_every == 0 || step == r.total;
-    if (save && !r.val.ids.empty()) m["val_loss"] = res.val_loss = val_loss(r.model, r.val, o.batch, r.pad);
+    if (save && !r.val.ids.empty()) {
+      Autocast cast(r.model.device(), o.precision.bf16);
+      m["val_loss"] = res.val_loss = val_loss(r.model, r.val, o.batch, r.pad);
+    }
     log.write(m);
     if (save) save_checkpoint(o.out, parts, {step, {{"stage", "sft"}}});
     progress.tick(1, fmt::format("loss {:.4f}", res.last_loss));

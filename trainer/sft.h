@@ -10,6 +10,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model.h"
+
 namespace opforge::trainer {
 
 struct SftOptions {
@@ -20,6 +22,7 @@ struct SftOptions {
   double lr = 1e-5, weight_decay = 0.01, max_grad_norm = 1.0;
   uint64_t seed = 0;
   std::string device = "cpu";
+  Precision precision;
   nlohmann::json to_json() const;
 };
 

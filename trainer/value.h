@@ -16,6 +16,7 @@ class ValueModel {
   at::Tensor values(const at::Tensor& ids, const at::Tensor& mask) const;  // [B, T] float32
   std::vector<at::Tensor> parameters() const;
   void set_requires_grad(bool on);
+  void set_checkpointing(bool on) { trunk_.set_checkpointing(on); }
   const CausalLM& trunk() const { return trunk_; }
 
  private:

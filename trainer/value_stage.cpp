@@ -24,7 +24,8 @@ json ValueOptions::to_json() const {
   return {{"model", model.string()}, {"critic_init", critic_init.string()}, {"trajectories", trajectories.string()},
           {"out", out.string()}, {"epochs", epochs}, {"steps", steps}, {"batch", batch}, {"max_len", max_len},
           {"save_every", save_every}, {"lr", lr}, {"weight_decay", weight_decay}, {"max_grad_norm", max_grad_norm},
-          {"gamma", gamma}, {"lam", lam}, {"seed", seed}, {"device", device}};
+          {"gamma", gamma}, {"lam", lam}, {"seed", seed}, {"device", device},
+          {"precision", precision.to_json()}};
 }
 
 namespace {
@@ -177,6 +178,7 @@ json value_step(ValueModel& critic, torch::optim::Optimizer& opt, const Trajecto
   Batch b = collate(t.rows, pick, 0);  // padding is neither attended to nor scored: its id is immaterial
   at::Device d = critic.trunk().device();
   const int64_t T = b.ids.size(1);
+  Autocast cast(d, o.precision.bf16);
   at::Tensor v = critic.values(b.ids.to(d), b.attention.to(d)).narrow(1, 0, T - 1);
   at::Tensor mask = b.loss_mask.narrow(1, 1, T - 1).to(d);
   std::vector<double> rewards;
@@ -211,6 +213,7 @@ ValueRun open_run(const ValueOptions& o, bool resume) {
   const int64_t n = static_cast<int64_t>(r.data.rows.ids.size());
   r.total = o.steps > 0 ? o.steps : o.epochs * ((n + o.batch - 1) / o.batch);
   r.critic.set_requires_grad(true);
+  r.critic.set_checkpointing(o.precision.checkpointing);
   return r;
 }
 

@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data.h"
+#include "model.h"
 
 namespace opforge::trainer {
 
@@ -34,6 +35,7 @@ struct ValueOptions {
   double gamma = 1.0, lam = 1.0;  // train ppo's defaults
   uint64_t seed = 0;
   std::string device = "cpu";
+  Precision precision;
   nlohmann::json to_json() const;
 };
 
