@@ -7,12 +7,16 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <iostream>
 
 #include "eval_stage.h"
 #include "generate.h"
 #include "judge_process.h"
 #include "judge_reward.h"
+#ifdef OPFORGE_POLICY_SERVER
+#include "policy_server.h"
+#endif
 #include "sft.h"
 #include "opforge/core/error.h"
 #include "opforge/core/log.h"
@@ -25,23 +29,49 @@ using json = nlohmann::json;
 using namespace opforge::trainer;
 
 struct GenerateArgs {
-  std::string model, prompt, device = "cpu";
-  bool chat = false, as_json = false;
+  std::string model, prompt, device = "cpu", host = "127.0.0.1";
+  bool chat = false, as_json = false, serve = false;
+  int port = 8000;
+  int64_t max_batch = 8;
   SampleOptions sample;
 };
 
+// --serve: the model behind an OpenAI-compatible endpoint (policy_server.h), the policy
+// interface of `opforge agent` on opforge's own model. The sampling options are the defaults of
+// requests that leave them out.
+int run_serve(const GenerateArgs& a) {
+#ifdef OPFORGE_POLICY_SERVER
+  PolicyServerOptions o;
+  o.model = a.model;
+  o.device = a.device;
+  o.host = a.host;
+  o.port = a.port;
+  o.max_batch = a.max_batch;
+  o.defaults = a.sample;
+  return serve_policy(o);
+#else
+  (void)a;
+  throw opforge::Error("generate --serve: this opforge-trainer was built without cpp-httplib (OPFORGE_SERVE=OFF); "
+                       "install libcpp-httplib-dev and rebuild");
+#endif
+}
+
 int run_generate(GenerateArgs& a) {
+  if (a.serve) return run_serve(a);
+  OPFORGE_CHECK(!a.prompt.empty(), "generate: --prompt is required (or --serve)");
   CausalLM model = CausalLM::load(a.model, device_named(a.device));
   Tokenizer tok(a.model);
   std::vector<int64_t> prompt = a.chat ? tok.encode_chat(json::array({{{"role", "user"}, {"content", a.prompt}}}))
                                        : tok.encode(a.prompt);
   if (auto eos = tok.eos_id()) a.sample.stop_ids.push_back(*eos);
   if (auto pad = tok.pad_id()) a.sample.pad_id = *pad;
+  auto t0 = std::chrono::steady_clock::now();
   Generation g = generate(model, {prompt}, a.sample).front();
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::string text = tok.decode(g.tokens);
   if (a.as_json) {
     std::cout << json{{"prompt_ids", prompt}, {"ids", g.tokens}, {"logprobs", g.logprobs}, {"text", text},
-                      {"finish", g.finish}}.dump()
+                      {"finish", g.finish}, {"seconds", secs}}.dump()
               << "\n";
   } else {
     std::cout << text << "\n";
@@ -54,7 +84,7 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
   CLI::App* c = app.add_subcommand("generate", "Complete one prompt with a local Hugging Face model folder (Llama / "
                                                "Qwen2 family); prints the completion on stdout");
   c->add_option("--model", a->model, "Model folder: config.json, *.safetensors, tokenizer files")->required();
-  c->add_option("--prompt", a->prompt, "The prompt: raw text, or the user's message with --chat")->required();
+  CLI::Option* prompt = c->add_option("--prompt", a->prompt, "The prompt: raw text, or the user's message with --chat");
   c->add_flag("--chat", a->chat, "Apply the model's chat template to --prompt as one user message");
   c->add_option("--max-new-tokens", a->sample.max_new_tokens, "Most tokens to generate")->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
@@ -63,7 +93,16 @@ void add_generate(CLI::App& app, std::function<int()>& run) {
   c->add_option("--top-p", a->sample.top_p, "Nucleus sampling mass")->capture_default_str()->check(CLI::Range(0.0, 1.0));
   c->add_option("--seed", a->sample.seed, "Sampling seed")->capture_default_str();
   c->add_option("--device", a->device, "cpu (float32) or cuda (bfloat16)")->capture_default_str();
-  c->add_flag("--json", a->as_json, "Print {prompt_ids, ids, logprobs, text, finish} as one JSON line instead");
+  c->add_flag("--json", a->as_json,
+              "Print {prompt_ids, ids, logprobs, text, finish, seconds} as one JSON line instead (seconds: generation only)");
+  CLI::Option* serve = c->add_flag("--serve", a->serve, "Serve the model as an OpenAI-compatible endpoint (POST "
+                                   "/v1/chat/completions with tools, GET /v1/models) until SIGINT/SIGTERM; prints "
+                                   "`listening on http://HOST:PORT`");
+  serve->excludes(prompt);
+  c->add_option("--host", a->host, "Address to listen on (--serve)")->capture_default_str()->needs(serve);
+  c->add_option("--port", a->port, "Port (--serve; 0: any free one, printed)")->capture_default_str()->needs(serve);
+  c->add_option("--max-batch", a->max_batch, "Most samples of one request generated at once (--serve)")
+      ->capture_default_str()->check(CLI::PositiveNumber)->needs(serve);
   c->callback([a, &run] { run = [a] { return run_generate(*a); }; });
 }
 
