@@ -310,6 +310,7 @@ TEST_F(PolicyServerHttp, GreedyAnswersThroughOpforgesClientAreGenerateTokenForTo
   for (std::size_t i = 0; i < logprobs.size(); ++i) EXPECT_NEAR(logprobs[i], g.logprobs[i], 1e-5) << i;
   EXPECT_EQ(r.content, tok.decode(g.tokens));
   EXPECT_EQ(r.finish_reason, g.finish);
+  EXPECT_EQ(r.tokens, ext);  // what a trainer reads from the client, no cache needed
   EXPECT_EQ(r.prompt_tokens, static_cast<long>(prompt.size()));
   EXPECT_EQ(r.completion_tokens, static_cast<long>(g.tokens.size()));
   EXPECT_EQ(answer["object"], "chat.completion");

@@ -162,6 +162,7 @@ void parse_answer(const std::string& body, LlmResponse& r) {
   }
   if (text) r.content = (*msg)["content"];
   r.message = *msg;
+  if (choice.contains("opforge") && choice["opforge"].is_object()) r.tokens = choice["opforge"];
   r.ok = true;
 }
 

@@ -66,6 +66,10 @@ struct LlmResponse {
   long prompt_tokens = 0, completion_tokens = 0;  // from `usage`; 0 when the server gives none
   bool from_cache = false;
   int attempts = 0;  // HTTP requests sent for it (0 when from the cache)
+  // The choice's `opforge` field when the server is opforge's own policy (`opforge generate
+  // --serve`): {prompt_ids, ids, logprobs}, the exact tokens a trainer learns from without
+  // tokenising the text again. null from any other server.
+  nlohmann::json tokens;
 };
 
 // The chat-completions URL for a base: kept when it already ends with /chat/completions, else
