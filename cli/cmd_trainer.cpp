@@ -35,8 +35,12 @@ void forward(CLI::App& app, Runner& run, const std::string& name, const std::str
 }  // namespace
 
 void add_trainer(CLI::App& app, Runner& run) {
-  forward(app, run, "generate", "Complete a prompt with a local Hugging Face model (libtorch, KV cache)");
-  forward(app, run, "train", "Train a local Hugging Face model: sft (the RFT stage), ppo (single-turn, the judge's reward)");
+  forward(app, run, "generate",
+          "Complete a prompt with a local Hugging Face model (libtorch, KV cache), or --serve it as an "
+          "OpenAI-compatible endpoint");
+  forward(app, run, "train",
+          "Train a local Hugging Face model: sft (the RFT stage), value (critic pre-training), ppo (single-turn, "
+          "the judge's reward), eval (pass@1 of greedy answers)");
 }
 
 }  // namespace opforge::cli
