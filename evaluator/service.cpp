@@ -27,6 +27,7 @@
 
 #include "internal.h"
 #include "opforge/core/error.h"
+#include "opforge/core/stop_signals.h"
 #include "opforge/core/gpus.h"
 #include "opforge/core/hash.h"
 #include "run.h"
@@ -621,12 +622,7 @@ int serve(const ServeOptions& opts) {
   ServeOptions o = opts;
   OPFORGE_CHECK(o.eval.policy == "strict" || o.eval.policy == "torch-allowed", "--policy must be strict or torch-allowed");
   if (o.state_dir.empty()) o.state_dir = (o.eval.cache_dir.empty() ? default_cache_dir() : o.eval.cache_dir) / "serve";
-  // SIGINT/SIGTERM are taken by one thread (sigwait), so every thread started below blocks them.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  StopOnSignals stop_signals;  // before the engine's and the HTTP pool's threads start
   Engine engine(o, index_tasks(o.eval.tasks));
   httplib::Server svr;
   svr.new_task_queue = [n = o.http_threads] { return new httplib::ThreadPool(static_cast<std::size_t>(n)); };
@@ -635,22 +631,13 @@ int serve(const ServeOptions& opts) {
   int port = o.port == 0 ? svr.bind_to_any_port(o.host) : (svr.bind_to_port(o.host, o.port) ? o.port : -1);
   OPFORGE_CHECK(port > 0, "cannot listen on {}:{} (in use, or not an address of this machine)", o.host, o.port);
   widen_backlog(port);
-  std::atomic<bool> signaled{false};
-  std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
-    signaled = true;
-    spdlog::info("signal {}: stopping", sig);
-    svr.stop();
-  });
+  stop_signals.start([&svr] { svr.stop(); });
   std::cout << "listening on http://" << o.host << ":" << port << std::endl;
   spdlog::info("serving {} task(s) on http://{}:{} (device {}, policy {}, sandbox: {})", engine.tasks().tasks.size(),
                o.host, port, engine.health()["device"].get<std::string>(), o.eval.policy,
                engine.health()["sandbox"].get<std::string>());
   svr.listen_after_bind();
   engine.stop();
-  if (!signaled) pthread_kill(waiter.native_handle(), SIGTERM);  // the server stopped for another reason
-  waiter.join();
   return 0;
 }
 

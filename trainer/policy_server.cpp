@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "opforge/core/error.h"
+#include "opforge/core/stop_signals.h"
 #include "python_bridge.h"
 #include "tokenizer.h"
 
@@ -546,30 +547,15 @@ void PolicyServer::stop() {
 }
 
 int serve_policy(const PolicyServerOptions& options, const std::function<void(int)>& on_listening) {
-  // SIGINT/SIGTERM are taken by one thread (sigwait), so every thread started below (libtorch's,
-  // the interpreter's, the HTTP pool's) blocks them, as in opforge serve.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  StopOnSignals stop_signals;  // before libtorch's, the interpreter's and the HTTP pool's threads start
   PolicyServer server(options);
   int port = server.bind();
-  std::atomic<bool> signaled{false};
-  std::thread waiter([&] {
-    int sig = 0;
-    sigwait(&stop_signals, &sig);
-    signaled = true;
-    spdlog::info("signal {}: stopping", sig);
-    server.stop();
-  });
+  stop_signals.start([&server] { server.stop(); });
   std::cout << "listening on http://" << options.host << ":" << port << std::endl;
   spdlog::info("serving {} on http://{}:{}/v1 (device {}, one request at a time, up to {} rows a batch)",
                options.model.string(), options.host, port, options.device, options.max_batch);
   if (on_listening) on_listening(port);
   server.listen();
-  if (!signaled) pthread_kill(waiter.native_handle(), SIGTERM);  // the server stopped for another reason
-  waiter.join();
   return 0;
 }
 
