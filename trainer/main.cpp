@@ -115,6 +115,17 @@ void add_precision_options(CLI::App* c, Precision& p) {
   c->add_flag("--grad-checkpoint", p.checkpointing,
               "Recompute each layer in backward instead of keeping its activations (less memory, ~1/3 more compute)");
 }
+
+// The optimizer, checkpoint and device options sft and value share (their structs name them alike).
+template <class Options>
+void add_step_options(CLI::App* c, Options& o) {
+  c->add_option("--weight-decay", o.weight_decay, "AdamW weight decay")->capture_default_str();
+  c->add_option("--max-grad-norm", o.max_grad_norm, "Gradient clipping")->capture_default_str();
+  c->add_option("--save-every", o.save_every, "Steps between checkpoints")->capture_default_str();
+  c->add_option("--seed", o.seed, "Data order")->capture_default_str();
+  c->add_option("--device", o.device, "cpu or cuda (float32 master weights on both)")->capture_default_str();
+  add_precision_options(c, o.precision);
+}
 void add_eval(CLI::App* train, std::function<int()>& run);
 
 void add_train(CLI::App& app, std::function<int()>& run) {
@@ -134,13 +145,8 @@ void add_train(CLI::App& app, std::function<int()>& run) {
   c->add_option("--batch", o->batch, "Records per optimizer step")->capture_default_str();
   c->add_option("--micro-batch", o->micro_batch, "Records per forward/backward (0: the whole batch)")->capture_default_str();
   c->add_option("--lr", o->lr, "AdamW learning rate")->capture_default_str();
-  c->add_option("--weight-decay", o->weight_decay, "AdamW weight decay")->capture_default_str();
-  c->add_option("--max-grad-norm", o->max_grad_norm, "Gradient clipping")->capture_default_str();
   c->add_option("--max-len", o->max_len, "Tokens kept of a record")->capture_default_str();
-  c->add_option("--save-every", o->save_every, "Steps between checkpoints")->capture_default_str();
-  c->add_option("--seed", o->seed, "Data order")->capture_default_str();
-  c->add_option("--device", o->device, "cpu or cuda (float32 master weights on both)")->capture_default_str();
-  add_precision_options(c, o->precision);
+  add_step_options(c, *o);
   c->callback([o, &run] {
     run = [o] {
       std::cout << train_sft(*o).model_dir.string() << "\n";
@@ -249,16 +255,11 @@ void add_value(CLI::App* train, std::function<int()>& run) {
   c->add_option("--steps", o->steps, "Optimizer steps (overrides --epochs when > 0)")->capture_default_str();
   c->add_option("--batch", o->batch, "Trajectories per optimizer step")->capture_default_str();
   c->add_option("--lr", o->lr, "AdamW learning rate (train ppo's critic's)")->capture_default_str();
-  c->add_option("--weight-decay", o->weight_decay, "AdamW weight decay")->capture_default_str();
-  c->add_option("--max-grad-norm", o->max_grad_norm, "Gradient clipping")->capture_default_str();
   c->add_option("--gamma", o->gamma, "Discount per response token")->capture_default_str();
   c->add_option("--lam", o->lam, "GAE lambda of the returns (1: Monte-Carlo returns of the final reward)")
       ->capture_default_str();
   c->add_option("--max-len", o->max_len, "Longest trajectory kept (longer ones are skipped, not cut)")->capture_default_str();
-  c->add_option("--save-every", o->save_every, "Steps between checkpoints")->capture_default_str();
-  c->add_option("--seed", o->seed, "Data order")->capture_default_str();
-  c->add_option("--device", o->device, "cpu or cuda (float32 master weights on both)")->capture_default_str();
-  add_precision_options(c, o->precision);
+  add_step_options(c, *o);
   c->callback([o, &run] {
     run = [o] {
       std::cout << train_value(*o).critic_dir.string() << "\n";
