@@ -203,7 +203,35 @@ def run_sft(args, cfg, model_dir, train, val, out, deadline):
     }
 
 
+JUDGE_URL = None
+
+
+def start_judge(args, tasks, out):
+    """One `opforge serve` for the whole run (warm workers, one baseline cache), its URL."""
+    global JUDGE_URL
+    extra = [x for a in args.judge_arg or [] for x in a.split()]
+    cmd = [OPFORGE, "serve", "--tasks", tasks, "--port", "0", "--policy", "torch-allowed", "--device",
+           args.device] + extra
+    log("$ " + " ".join(cmd))
+    stdout = open(os.path.join(out, "judge.out"), "w+")
+    proc = subprocess.Popen(cmd, stdout=stdout, stderr=open(os.path.join(out, "judge.log"), "a"), cwd=ROOT)
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise RuntimeError(f"opforge serve exited with {proc.returncode}: see {out}/judge.log")
+        stdout.seek(0)
+        for line in stdout.read().splitlines():
+            if line.startswith("listening on "):
+                JUDGE_URL = line.split()[-1]
+                log(f"judge at {JUDGE_URL}")
+                return proc
+        time.sleep(0.5)
+    proc.terminate()
+    raise RuntimeError("opforge serve did not start in 300 s")
+
+
 def judge_args(args):
+    if JUDGE_URL:
+        return ["--judge-url", JUDGE_URL]
     out = ["--judge-arg=--policy", "--judge-arg=torch-allowed"]
     for a in args.judge_arg or []:
         out += [f"--judge-arg={x}" for x in a.split()]
@@ -343,6 +371,8 @@ def main():
     ap.add_argument("--plateau-patience", type=int, default=3, help="chunks without a gain before SFT stops")
     ap.add_argument("--judge-arg", action="append",
                     help="extra `opforge serve` options for the judge, e.g. '--trials 10 --budget-s 1' (repeatable)")
+    ap.add_argument("--judge-per-command", action="store_true",
+                    help="let every train eval/ppo start its own judge (default: one opforge serve for the run)")
     ap.add_argument("--bf16", action="store_true", help="pass --bf16 to sft and ppo (CUDA)")
     for k in ("hidden", "layers", "vocab", "ppo_steps", "eval_every", "ppo_batch", "rollouts", "sft_chunk",
               "sft_max_steps", "sft_batch"):
@@ -409,6 +439,20 @@ def main():
     write_jsonl(sft_train, rows[:-nval] if len(rows) > nval else rows)
     write_jsonl(sft_val, rows[-nval:])
 
+    judge = None
+    if not args.judge_per_command:
+        both = os.path.join(args.out, "tasks_all.jsonl")
+        write_jsonl(both, train + test)
+        judge = start_judge(args, both, args.out)
+    try:
+        run_stages(args, cfg, res, model_dir, sft_train, sft_val, train_tasks, test_tasks, seeds, T_start, deadline)
+    finally:
+        if judge:
+            judge.terminate()
+            judge.wait(timeout=60)
+
+
+def run_stages(args, cfg, res, model_dir, sft_train, sft_val, train_tasks, test_tasks, seeds, T_start, deadline):
     sft_model, res["sft"] = run_sft(args, cfg, model_dir, sft_train, sft_val, args.out,
                                     T_start + args.sft_share * args.time_budget_s)
     res["sft_eval"] = run_eval(args, cfg, sft_model, test_tasks, os.path.join(args.out, "eval_sft.jsonl"))
