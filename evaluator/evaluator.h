@@ -31,6 +31,7 @@ struct EvalTask {
   std::string id;    // record or task id; for a .py file the xxh3 hex of its code
   std::string name;  // the file stem for .py files, else the id
   std::string code;
+  std::string split;  // a shard record's "split" (train / test, as `opforge export` draws it); else empty
 };
 
 // Tasks of SRC: a .jsonl/.jsonl.gz shard or a folder of them, a workspace (folder with

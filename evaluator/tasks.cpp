@@ -60,7 +60,7 @@ void read_shard(const fs::path& p, std::vector<EvalTask>& out) {
                   "{} line {}: a task record needs a string \"code\" (as `opforge export` writes)", p.string(), line_no);
     std::string code = j["code"];
     std::string id = j.contains("id") && j["id"].is_string() ? j["id"].get<std::string>() : xxh3_hex(code);
-    out.push_back({id, id, code});
+    out.push_back({id, id, code, j.value("split", json()).is_string() ? j["split"].get<std::string>() : ""});
   }
 }
 

@@ -1,16 +1,13 @@
 #include "eval_stage.h"
 
 #include <spdlog/spdlog.h>
-#include <zlib.h>
 
 #include <algorithm>
 #include <fstream>
-#include <functional>
 
 #include "generate.h"
 #include "judge_reward.h"
 #include "opforge/core/error.h"
-#include "opforge/core/hash.h"
 #include "opforge/core/progress.h"
 
 namespace opforge::trainer {
@@ -24,84 +21,29 @@ json ModelEvalOptions::to_json() const {
 
 namespace {
 
-bool is_shard(const fs::path& p) {
-  std::string n = p.filename().string();
-  return n.ends_with(".jsonl") || n.ends_with(".jsonl.gz");
-}
-
-// The shard files of SRC as load_tasks picks them; what SRC is instead, when it is not shards.
-std::vector<fs::path> shard_files(const fs::path& src, std::string& instead) {
-  OPFORGE_CHECK(fs::exists(src), "--tasks {} does not exist (give shards, a workspace or a folder of .py tasks)",
-                src.string());
-  std::vector<fs::path> out;
-  if (fs::is_regular_file(src)) {
-    if (is_shard(src)) out.push_back(src);
-    instead = "a .py task";
-  } else if (fs::exists(src / "opforge.db")) {
-    instead = "a workspace";
-  } else {
-    for (auto& e : fs::directory_iterator(src))
-      if (e.is_regular_file() && is_shard(e.path())) out.push_back(e.path());
-    instead = "a folder of .py tasks";
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-// Each line of a shard with its number; zlib reads a plain file through as it is.
-void for_each_line(const fs::path& p, const std::function<void(const std::string&, int64_t)>& f) {
-  gzFile in = gzopen(p.c_str(), "rb");
-  OPFORGE_CHECK(in != nullptr, "cannot open {}", p.string());
-  std::string line;
-  int64_t n = 0;
-  for (char buf[1 << 16]; gzgets(in, buf, sizeof buf) != nullptr;) {
-    line += buf;
-    if (line.back() != '\n') continue;  // the rest of a long line comes with the next call
-    line.pop_back();
-    f(line, ++n);
-    line.clear();
-  }
-  if (!line.empty()) f(line, ++n);
-  int err = 0;
-  std::string why = gzerror(in, &err);
-  gzclose(in);
-  OPFORGE_CHECK(err >= 0, "{} is not a readable shard: {}", p.string(), why);
+// What SRC is, for the error of --split on tasks that carry no split.
+std::string source_kind(const fs::path& src) {
+  if (fs::is_regular_file(src)) return src.extension() == ".py" ? "a .py task" : "a shard without split fields";
+  if (fs::exists(src / "opforge.db")) return "a workspace";
+  for (auto& e : fs::directory_iterator(src))
+    if (e.path().filename().string().find(".jsonl") != std::string::npos) return "shards without split fields";
+  return "a folder of .py tasks";
 }
 
 }  // namespace
 
-std::map<std::string, std::string> task_splits(const fs::path& src) {
-  std::string instead;
-  std::vector<fs::path> shards = shard_files(src, instead);
-  OPFORGE_CHECK(!shards.empty(), "--split: --tasks {} is {}, whose tasks have no split (`opforge export` draws it "
-                "into the shards' records): give the exported shards, or leave --split out", src.string(), instead);
-  std::map<std::string, std::string> out;
-  for (auto& s : shards)
-    for_each_line(s, [&](const std::string& line, int64_t n) {
-      if (line.find_first_not_of(" \t\r") == std::string::npos) return;
-      json j = json::parse(line, nullptr, false);
-      OPFORGE_CHECK(j.is_object() && j.contains("split") && j["split"].is_string() && j.contains("code"),
-                    "--split: {} line {} has no split field (shards of `opforge export` have one): leave --split "
-                    "out for these shards", s.string(), n);
-      // The id load_tasks gives the record, which task_prompts names it by.
-      std::string id = j.contains("id") && j["id"].is_string() ? j["id"].get<std::string>()
-                                                               : xxh3_hex(j["code"].get<std::string>());
-      out[id] = j["split"].get<std::string>();
-    });
-  return out;
-}
-
 std::vector<Prompt> eval_prompts(const ModelEvalOptions& o, const Tokenizer& tok) {
-  std::map<std::string, std::string> split;
-  if (!o.split.empty()) split = task_splits(o.tasks);
-  std::vector<Prompt> out;
-  for (auto& p : task_prompts(o.tasks, tok)) {
-    if (o.limit > 0 && static_cast<int64_t>(out.size()) >= o.limit) break;
-    if (o.split.empty() || split[p.task_id] == o.split) out.push_back(std::move(p));
+  std::vector<evaluator::EvalTask> tasks = evaluator::load_tasks(o.tasks), picked;
+  for (auto& t : tasks) {
+    if (o.limit > 0 && static_cast<int64_t>(picked.size()) >= o.limit) break;
+    OPFORGE_CHECK(o.split.empty() || !t.split.empty(), "--split: --tasks {} is {}, whose tasks have no split "
+                  "(`opforge export` draws it into the shards' records): give the exported shards, or leave --split out",
+                  o.tasks.string(), source_kind(o.tasks));
+    if (o.split.empty() || t.split == o.split) picked.push_back(std::move(t));
   }
-  OPFORGE_CHECK(!out.empty(), "--tasks {}{} holds no task", o.tasks.string(),
+  OPFORGE_CHECK(!picked.empty(), "--tasks {}{} holds no task", o.tasks.string(),
                 o.split.empty() ? "" : " (split " + o.split + ")");
-  return out;
+  return task_prompts(picked, tok);  // only the picked tasks' prompts are rendered
 }
 
 namespace {

@@ -5,7 +5,6 @@
 #pragma once
 #include <cstdint>
 #include <filesystem>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -23,13 +22,8 @@ struct ModelEvalOptions {
   nlohmann::json to_json() const;
 };
 
-// Task id -> split of every record of SRC's shards (a .jsonl/.jsonl.gz file or a folder of them,
-// as load_tasks reads them). Throws when SRC is a workspace or .py tasks, which have no split until
-// `opforge export` draws it, or when a record has no split.
-std::map<std::string, std::string> task_splits(const std::filesystem::path& src);
-
-// The solving prompts of o.tasks (task_prompts): those of o.split when it is given, the first
-// o.limit when it is > 0, in the order of SRC.
+// The solving prompts of o.tasks (task_prompts): those of o.split when it is given (shards only:
+// an error naming what SRC is otherwise), the first o.limit when it is > 0, in the order of SRC.
 std::vector<Prompt> eval_prompts(const ModelEvalOptions& o, const Tokenizer& tok);
 
 // Greedy answers to `prompts`, judged by `reward`; each task's row ({task_id, reward, finish,

@@ -13,8 +13,12 @@ namespace opforge::trainer {
 using json = nlohmann::json;
 
 std::vector<Prompt> task_prompts(const std::filesystem::path& src, const Tokenizer& tok) {
+  return task_prompts(evaluator::load_tasks(src), tok);
+}
+
+std::vector<Prompt> task_prompts(const std::vector<evaluator::EvalTask>& tasks, const Tokenizer& tok) {
   std::vector<Prompt> out;
-  for (auto& t : evaluator::load_tasks(src)) {
+  for (auto& t : tasks) {
     json messages = call_python("opforge.prompts", "solve_messages_json",
                                 {{"task_code", t.code}, {"data_dir", data_dir().string()}});
     out.push_back({t.name, tok.encode_chat(messages)});

@@ -4,6 +4,7 @@
 #pragma once
 #include <filesystem>
 
+#include "evaluator.h"
 #include "judge_client.h"
 #include "ppo_stage.h"
 
@@ -11,6 +12,8 @@ namespace opforge::trainer {
 
 // One prompt per task of SRC (a shard, a workspace, a folder of KernelBench files: load_tasks).
 std::vector<Prompt> task_prompts(const std::filesystem::path& src, const Tokenizer& tok);
+// One prompt per task, named by the task's name.
+std::vector<Prompt> task_prompts(const std::vector<evaluator::EvalTask>& tasks, const Tokenizer& tok);
 
 // Each answer judged by the service (its last code block is the solution), `concurrency` at a
 // time. A row the service marks retryable (the environment failed) is a null reward.

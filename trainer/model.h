@@ -64,7 +64,6 @@ class CausalLM {
   // Gradient checkpointing: with grad mode on and no cache, each decoder layer keeps only its
   // input and runs again during backward (activations of one layer held, not of all).
   void set_checkpointing(bool on) { checkpointing_ = on; }
-  bool checkpointing() const { return checkpointing_; }
   const LmConfig& config() const { return cfg_; }
   const std::filesystem::path& source() const { return src_; }
   at::Device device() const { return device_; }
@@ -93,11 +92,13 @@ struct Precision {
   nlohmann::json to_json() const { return {{"bf16", bf16}, {"grad_checkpoint", checkpointing}}; }
 };
 
-// bfloat16 autocast on `device` for its scope when `on` (matmuls and attention in bf16 over float32
-// master weights; norms and losses stay float32, as autocast's op lists decide). Off: nothing.
+// Autocast to `dtype` (bfloat16 unless a recompute replays another) on `device` for its scope when
+// `on` (matmuls and attention in bf16 over float32 master weights; norms and losses stay float32,
+// as autocast's op lists decide). Off: nothing. Cast weights are cached until the outermost scope
+// closes, so no optimizer step may come between two forward passes of one scope.
 class Autocast {
  public:
-  Autocast(const at::Device& device, bool on);
+  Autocast(const at::Device& device, bool on, at::ScalarType dtype = at::kBFloat16);
   ~Autocast();
   Autocast(const Autocast&) = delete;
   Autocast& operator=(const Autocast&) = delete;

@@ -72,9 +72,8 @@ struct LayerCheckpoint : torch::autograd::Function<LayerCheckpoint> {
     at::Tensor y;
     {
       at::AutoGradMode grad(true);
-      Autocast cast(x.device(), ctx->saved_data["autocast"].toBool());
-      at::autocast::set_autocast_dtype(x.device().type(),
-                                       static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
+      Autocast cast(x.device(), ctx->saved_data["autocast"].toBool(),
+                    static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
       y = model->layer(ctx->saved_data["layer"].toInt(), x, saved[1], saved[2], saved[3], nullptr);
     }
     torch::autograd::backward({y}, {grad_out[0]});
@@ -82,12 +81,12 @@ struct LayerCheckpoint : torch::autograd::Function<LayerCheckpoint> {
   }
 };
 
-Autocast::Autocast(const at::Device& device, bool on) : type_(device.type()), on_(on) {
+Autocast::Autocast(const at::Device& device, bool on, at::ScalarType dtype) : type_(device.type()), on_(on) {
   if (!on_) return;
   was_enabled_ = at::autocast::is_autocast_enabled(type_);
   was_dtype_ = at::autocast::get_autocast_dtype(type_);
   at::autocast::set_autocast_enabled(type_, true);
-  at::autocast::set_autocast_dtype(type_, at::kBFloat16);
+  at::autocast::set_autocast_dtype(type_, dtype);
   at::autocast::increment_nesting();
 }
 

@@ -184,6 +184,20 @@ Targets targets(PpoRun& r, const Rollouts& ro, json& m) {
   return t;
 }
 
+// Rollouts and their targets under one autocast scope, closed before the update: bf16 logprobs
+// scored against float32 ones would be a mismatch of our own making (rollout_logp_gap), and
+// autocast's cache of cast weights lives as long as its scope, so no optimizer step may fall
+// inside one (the update opens one per mini-batch).
+std::optional<std::pair<Rollouts, Targets>> scored_rollout(PpoRun& r, const std::vector<Prompt>& prompts,
+                                                           const Tokenizer& tok, const RewardFn& reward, int64_t step,
+                                                           json& m, MetricsLog& trajectories) {
+  Autocast cast(r.actor.device(), r.o.precision.bf16);
+  auto ro = rollout(r, prompts, tok, reward, step, m, trajectories);
+  if (!ro) return std::nullopt;
+  Targets t = targets(r, *ro, m);
+  return std::make_pair(std::move(*ro), std::move(t));
+}
+
 double step_opt(torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params, const at::Tensor& loss, double clip) {
   opt.zero_grad();
   loss.backward();
@@ -202,6 +216,7 @@ void update(PpoRun& r, const Rollouts& ro, const Targets& t, json& m) {
   for (int64_t e = 0; e < o.ppo_epochs; ++e)
     for (int64_t s = 0; s < N; s += mb, ++updates) {
       auto sel = [&](const at::Tensor& x) { return x.narrow(0, s, std::min(mb, N - s)).to(d); };
+      Autocast cast(d, o.precision.bf16);  // closed after this mini-batch's optimizer steps
       at::Tensor mask = sel(ro.mask);
       auto [logp, logits] = action_logp(r.actor, sel(ro.ids), sel(ro.attention));
       PolicyLoss pl = policy_loss(logp, sel(t.old_logp), sel(t.advantages), mask, o.clip_low, o.clip_high, o.dual_clip);
@@ -268,12 +283,8 @@ PpoResult train_ppo(const PpoOptions& o, const std::vector<Prompt>& prompts, con
     auto t0 = Clock::now();
     reset_peak_memory(r->actor.device());
     json m = {{"step", step}};
-    // Rollouts, their targets and the update in one precision: bf16 logprobs scored against
-    // float32 ones would be a mismatch of our own making (rollout_logp_gap).
-    Autocast cast(r->actor.device(), o.precision.bf16);
-    if (auto ro = rollout(*r, prompts, tok, reward, step, m, trajectories)) {
-      Targets t = targets(*r, *ro, m);
-      update(*r, *ro, t, m);
+    if (auto ro = scored_rollout(*r, prompts, tok, reward, step, m, trajectories)) {
+      update(*r, ro->first, ro->second, m);
     } else {
       spdlog::warn("ppo step {}: every answer's reward was null (the judge failed); no update", step);
     }

@@ -180,7 +180,7 @@ class Child:
 # Pre-started children per launch profile, kept by this judge worker for its next solutions: a
 # child imports torch while the judge works on the current one, so a solution's dispatch costs its
 # files and its extension's load, not an interpreter's start. Spares are started once a solution's
-# timing is over (take_child), so the one a solution takes was started two evaluations earlier: a
+# timing is over (top_up_spares), so the one a solution takes was started two evaluations earlier: a
 # solution that fails fast (a -1 in a second) still leaves the next one a spare that has imported
 # (4.3 s dispatch on the H200 with one spare started at take, docs/gpu.md). Each costs about a
 # CUDA context (~0.5 GiB of the GPU) and an imported torch (~1 GiB of host memory) per judge
@@ -938,8 +938,7 @@ def init_seed(seed):
 def _draw(ref_mod, device, seed):
     """An input set made on the device itself (a GiB of CPU randn per set would dominate a GPU
     evaluation); the seed is the judge's and never crosses to the child."""
-    with torch.device(device):
-        return T.make_inputs(ref_mod, device, seed=seed)
+    return T.make_inputs(ref_mod, device, seed=seed, on_device=True)
 
 
 def _reference_and_sets(task_code, device, seed, n):

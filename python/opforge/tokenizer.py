@@ -2,6 +2,7 @@
 the embedded interpreter). transformers' own tokenizer and chat template, so opforge's token ids
 are the ones transformers (and vLLM) would make. Each function takes and returns JSON text."""
 import json
+import re
 
 _CACHE = {}
 
@@ -29,8 +30,7 @@ def encode(arg):
     if "messages" in req:
         if not getattr(t, "chat_template", None):
             raise ValueError(f"{req['model']}: the tokenizer has no chat template (give --prompt raw text instead)")
-        text = t.apply_chat_template(req["messages"], tools=req.get("tools"), add_generation_prompt=True,
-                                     tokenize=False)
+        text = _render(t, req["messages"], req.get("tools"), True)
         return json.dumps({"ids": t.encode(text, add_special_tokens=False)})
     return json.dumps({"ids": t.encode(req["text"], add_special_tokens=False)})
 
@@ -42,7 +42,45 @@ def decode(arg):
     return json.dumps({"text": t.decode(req["ids"], skip_special_tokens=req.get("skip_special", True))})
 
 
+# Templates that print a call's arguments with `tojson` (Qwen2.5, Hermes, Llama 3.1, Mistral) want
+# them as a dict, as transformers documents; OpenAI clients send them as JSON text, which such a
+# template would print a second time as a quoted string. vLLM turns the text into a dict for every
+# template; opforge does so only for these, and gives any other template JSON text (a dict would
+# print as Python's repr), so a template that prints the arguments as they come
+# (tests/python/chat_fixture.py's) prints the JSON the model wrote. One rendering for training
+# (chat_tokens) and serving (chat_tools), so a policy is trained on the prompts it is served.
+_TOJSON_ARGUMENTS = re.compile(r"arguments\s*\|\s*tojson")
+
+
+def _arguments(args, as_object):
+    if as_object and isinstance(args, str):
+        try:
+            parsed = json.loads(args)
+        except ValueError:
+            return args
+        return parsed if isinstance(parsed, dict) else args
+    if not as_object and not isinstance(args, str):
+        return json.dumps(args, ensure_ascii=False)
+    return args
+
+
+def _with_arguments(message, as_object):
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    out = []
+    for c in calls:
+        fn = dict(c.get("function") or {})
+        if "arguments" in fn:
+            fn["arguments"] = _arguments(fn["arguments"], as_object)
+        out.append({**c, "function": fn})
+    return {**message, "tool_calls": out}
+
+
 def _render(t, messages, tools, gen_prompt):
+    template = getattr(t, "chat_template", None) or ""
+    as_object = bool(_TOJSON_ARGUMENTS.search(template if isinstance(template, str) else json.dumps(template)))
+    messages = [_with_arguments(m, as_object) for m in messages]
     return t.apply_chat_template(messages, tools=tools, add_generation_prompt=gen_prompt, tokenize=False)
 
 
