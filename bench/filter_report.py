@@ -54,7 +54,8 @@ def main():
     ph = [p for p in ph if p]
     if ph:
         print(f"time per judged task, seconds (n={len(ph)}): phase, mean, p50, p90, share of the total")
-        keys = ["build_s", "inputs_s", "checks_s", "eager_timing_s", "compile_s", "compile_timing_s", "lock_wait_s"]
+        keys = ["build_s", "inputs_s", "checks_s", "window_s", "conditioning_s", "compile_s", "timing_wait_s",
+                "eager_timing_s", "compile_timing_s", "lock_wait_s"]
         total = sum(sum(v for k, v in p.items() if k != "lock_wait_s") for p in ph)
         for k in keys:
             vals = [p.get(k, 0.0) for p in ph]
