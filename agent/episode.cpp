@@ -75,6 +75,7 @@ std::vector<Call> tool_calls(const json& message) {
 
 struct State {
   json messages, log = json::array();
+  json policy = json::array();  // each turn's exact tokens, when the endpoint is opforge's policy server
   Tokens tokens;
   int turns = 0;
   std::string ended;
@@ -133,6 +134,7 @@ json run_episode(const AgentOptions& o, const EpisodeTask& t, llm::LlmClient& ll
     if (s.turns >= o.max_turns) { s.ended = "max_turns"; break; }
     llm::LlmResponse r = ask(llm, s);
     ++s.turns;
+    if (r.tokens.is_object()) s.policy.push_back(r.tokens);
     s.messages.push_back(assistant_message(r));
     count(s.tokens, r, s.messages);
     auto calls = tool_calls(r.message);
@@ -143,10 +145,14 @@ json run_episode(const AgentOptions& o, const EpisodeTask& t, llm::LlmClient& ll
   spdlog::info("episode {}: {} after {} turn(s); judging the folder", t.name, s.ended, s.turns);
   SolutionFiles files = solution_files(t.work / t.folder);
   json row = final_row(t, judge, files);
-  return {{"task_id", t.task_id}, {"task", t.name}, {"folder", t.folder}, {"ended", s.ended}, {"turns", s.turns},
-          {"tokens", s.tokens.to_json()}, {"reward", row.value("reward", json(nullptr))},
-          {"reason", row.value("reason", json(nullptr))}, {"final", row}, {"seconds", since(t0)},
-          {"tool_calls", s.log}, {"messages", s.messages}, {"files", files.files}};
+  json rec = {{"task_id", t.task_id}, {"task", t.name}, {"folder", t.folder}, {"ended", s.ended}, {"turns", s.turns},
+              {"tokens", s.tokens.to_json()}, {"reward", row.value("reward", json(nullptr))},
+              {"reason", row.value("reason", json(nullptr))}, {"final", row}, {"seconds", since(t0)},
+              {"tool_calls", s.log}, {"messages", s.messages}, {"files", files.files}};
+  // What multi-turn PPO learns from (trainer/README.md): every turn's prompt and answer ids and
+  // the answer's log-probabilities, as the policy server sampled them.
+  if (!s.policy.empty()) rec["policy_tokens"] = s.policy;
+  return rec;
 }
 
 }  // namespace opforge::agent

@@ -199,22 +199,6 @@ TEST(PolicyServerToolCalls, AChoiceCarriesCallsLogprobsAndTheExactIds) {
 // ---------------------------------------------------------------------------------------------
 // The server over HTTP, on the tiny Qwen2 fixture
 
-// tests/python/tiny_lm.py's checkpoints, made once per version of the script in the build tree (as
-// test_trainer.cpp's Trainer suite makes them; whichever test runs first makes them).
-fs::path tiny_model(const std::string& name) {
-  fs::path script = fixtures().parent_path() / "python" / "tiny_lm.py";
-  fs::path dir = eval_cache_dir().parent_path() / ("tiny_lm-" + xxh3_hex(read_file(script)));
-  if (!fs::exists(dir / "llama" / "reference.json")) {
-    fs::path tmp = dir.string() + ".tmp" + std::to_string(::getpid());
-    auto [rc, out] = shell(fmt::format("{} {} make {} 2>&1", python_bin().string(), script.string(), tmp.string()));
-    if (rc != 0) throw std::runtime_error("tiny_lm.py make failed: " + out);
-    std::error_code ec;
-    fs::rename(tmp, dir, ec);  // another test process may have made them first: keep its copy
-    if (ec) fs::remove_all(tmp);
-  }
-  return dir / name;
-}
-
 std::size_t on_body(char* data, std::size_t size, std::size_t n, void* out) {
   static_cast<std::string*>(out)->append(data, size * n);
   return size * n;

@@ -11,7 +11,9 @@
 #include <signal.h>
 #include <thread>
 
+#include "opforge/core/hash.h"
 #include "opforge/core/store.h"
+#include <fmt/format.h>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -141,6 +143,21 @@ const std::map<std::string, nlohmann::json>& dedup_fixture_ops() {
       {"mlp_block_renamed", json::array({"nn.LayerNorm", "nn.Linear", "F.gelu", "nn.Linear", "torch.add"})},
   };
   return ops;
+}
+
+std::filesystem::path tiny_model(const std::string& name) {
+  namespace fs = std::filesystem;
+  fs::path script = fixtures().parent_path() / "python" / "tiny_lm.py";
+  fs::path dir = eval_cache_dir().parent_path() / ("tiny_lm-" + xxh3_hex(read_file(script)));
+  if (!fs::exists(dir / "llama" / "reference.json")) {
+    fs::path tmp = dir.string() + ".tmp" + std::to_string(::getpid());
+    auto [rc, out] = shell(fmt::format("{} {} make {} 2>&1", python_bin().string(), script.string(), tmp.string()));
+    if (rc != 0) throw std::runtime_error("tiny_lm.py make failed: " + out);
+    std::error_code ec;
+    fs::rename(tmp, dir, ec);
+    if (ec) fs::remove_all(tmp);
+  }
+  return dir / name;
 }
 
 }  // namespace opforge::test

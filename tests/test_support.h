@@ -52,6 +52,9 @@ std::filesystem::path opforge_bin();
 std::filesystem::path eval_cache_dir();
 // The venv's interpreter (OPFORGE_PYTHON), for tests that drive a Python client of opforge.
 std::filesystem::path python_bin();
+// tests/python/tiny_lm.py's tiny random checkpoints ("qwen2", "llama"), made once per version of
+// the script in the build tree (whichever test runs first makes them; another process's copy wins).
+std::filesystem::path tiny_model(const std::string& name);
 // What tracing would record for each task of fixtures/dedup/tasks (tracing.py spelling), by stem.
 const std::map<std::string, nlohmann::json>& dedup_fixture_ops();
 

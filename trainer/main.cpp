@@ -15,6 +15,7 @@
 #include "judge_process.h"
 #include "judge_reward.h"
 #ifdef OPFORGE_POLICY_SERVER
+#include "multi_turn.h"
 #include "policy_server.h"
 #endif
 #include "sft.h"
@@ -193,13 +194,43 @@ std::unique_ptr<Judge> start_judge(const JudgeArgs& a, const std::string& device
 struct PpoArgs {
   PpoOptions o;
   JudgeArgs judge;
+  bool multi_turn = false;
+  int64_t max_turns = 8, agent_concurrency = 4;
+  std::vector<std::string> agent_args;
 };
+
+// --multi-turn: the step's episodes are opforge agent runs against the actor (multi_turn.h).
+EpisodeFn multi_turn_of(const PpoArgs& a, const std::vector<opforge::evaluator::EvalTask>& tasks,
+                        const std::string& judge_url) {
+  if (!a.multi_turn) return {};
+#ifdef OPFORGE_POLICY_SERVER
+  MultiTurnOptions m;
+  m.tokenizer_dir = a.o.actor;
+  m.out = a.o.out / "rollouts";
+  m.judge_url = judge_url;
+  for (const auto& t : tasks) m.code[t.name] = t.code;  // prompts are named as the judge knows them (by name)
+  m.rollouts_per_task = a.o.rollouts_per_task;
+  m.max_turns = a.max_turns;
+  m.max_new_tokens = a.o.max_new_tokens;
+  m.agent_concurrency = a.agent_concurrency;
+  m.temperature = a.o.temperature;
+  m.bf16 = a.o.precision.bf16;
+  m.agent_args = a.agent_args;
+  return multi_turn_episodes(m);
+#else
+  (void)tasks, (void)judge_url;
+  throw opforge::Error("train ppo --multi-turn: this opforge-trainer was built without cpp-httplib (OPFORGE_SERVE=OFF), "
+                       "so it cannot serve its actor to opforge agent; rebuild with -DOPFORGE_SERVE=ON");
+#endif
+}
 
 int run_ppo(const PpoArgs& a) {
   Tokenizer tok(a.o.actor);
-  std::vector<Prompt> prompts = task_prompts(a.judge.tasks, tok);
+  auto tasks = opforge::evaluator::load_tasks(a.judge.tasks);
+  std::vector<Prompt> prompts = task_prompts(tasks, tok);
   auto judge = start_judge(a.judge, a.o.device, a.o.out / "judge");
-  PpoResult r = train_ppo(a.o, prompts, tok, judge_reward(judge->client, a.judge.concurrency));
+  PpoResult r = train_ppo(a.o, prompts, tok, judge_reward(judge->client, a.judge.concurrency),
+                          multi_turn_of(a, tasks, judge->client.url));
   std::cout << r.actor_dir.string() << "\n";
   return 0;
 }
@@ -207,8 +238,8 @@ int run_ppo(const PpoArgs& a) {
 void add_ppo(CLI::App* train, std::function<int()>& run) {
   auto a = std::make_shared<PpoArgs>();
   PpoOptions& o = a->o;
-  CLI::App* c = train->add_subcommand("ppo", "Single-turn PPO with the judge's reward: B task prompts a step, K answers "
-                                             "each, actor and critic updated; every answer logged to "
+  CLI::App* c = train->add_subcommand("ppo", "PPO with the judge's reward: B task prompts a step, K answers (or, with "
+                                             "--multi-turn, K agent episodes) each, actor and critic updated; every answer logged to "
                                              "OUT/trajectories.jsonl (train value's input); resumes from OUT/checkpoint; "
                                              "prints OUT/actor");
   c->add_option("--actor", o.actor, "Model folder of the policy")->required();
@@ -234,6 +265,14 @@ void add_ppo(CLI::App* train, std::function<int()>& run) {
   c->add_option("--lam", o.lam, "GAE lambda")->capture_default_str();
   c->add_option("--seed", o.seed, "Task order and sampling")->capture_default_str();
   c->add_option("--device", o.device, "cpu or cuda (also the judge's device)")->capture_default_str();
+  c->add_flag("--multi-turn", a->multi_turn, "Each rollout is an opforge agent episode (tools, up to --max-turns "
+                                            "turns) against the actor served here; every turn is a sample with the "
+                                            "episode's reward (OUT/rollouts/step_N holds the runs)");
+  c->add_option("--max-turns", a->max_turns, "--multi-turn: model turns per episode")->capture_default_str();
+  c->add_option("--agent-concurrency", a->agent_concurrency, "--multi-turn: episodes in flight per agent run")
+      ->capture_default_str();
+  c->add_option("--agent-arg", a->agent_args, "--multi-turn: an option for every opforge agent run (repeat), "
+                                              "e.g. --agent-arg=--no-sandbox");
   add_precision_options(c, o.precision);
   add_judge_options(c, a->judge);
   c->callback([a, &run] { run = [a] { return run_ppo(*a); }; });

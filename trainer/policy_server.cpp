@@ -343,7 +343,7 @@ struct PolicyServer::Impl {
   explicit Impl(PolicyServerOptions opts)
       : o(std::move(opts)),
         model_dir(std::filesystem::absolute(o.model).string()),
-        model(CausalLM::load(o.model, device_named(o.device))),
+        model(o.live ? *o.live : CausalLM::load(o.model, device_named(o.device))),
         tok(o.model),
         rng(std::random_device{}()) {
     OPFORGE_CHECK(o.max_batch >= 1, "--max-batch must be at least 1, got {}", o.max_batch);
@@ -410,6 +410,7 @@ std::vector<Generation> PolicyServer::Impl::sample_n(const std::vector<int64_t>&
     SampleOptions sc = s;
     sc.seed = s.seed + static_cast<uint64_t>(c);
     auto rows = std::vector<std::vector<int64_t>>(static_cast<std::size_t>(std::min(o.max_batch, n - done)), prompt);
+    Autocast cast(model.device(), o.bf16);
     for (auto& g : generate(model, rows, sc)) out.push_back(std::move(g));
   }
   return out;

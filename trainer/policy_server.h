@@ -39,6 +39,11 @@ struct PolicyServerOptions {
   std::string served_name;  // the model's name in answers and /v1/models; empty: the folder's name
   // What a request leaves out: max_tokens (max_new_tokens), temperature, top_p (greedy: temperature 0).
   SampleOptions defaults;
+  // Serve this model (its weights shared, not copied) instead of loading one; `model` then names
+  // only the tokenizer's and chat template's folder. The caller must not change the weights while
+  // the server generates: `train ppo --multi-turn` serves its actor between updates.
+  const CausalLM* live = nullptr;
+  bool bf16 = false;  // generate under bfloat16 autocast (autocast is per thread: the server opens its own)
 };
 
 // A request that cannot be served as sent: HTTP 400. `field` is the JSON path of the culprit

@@ -80,6 +80,7 @@ namespace {
 
 struct PpoRun {
   const PpoOptions& o;
+  EpisodeFn episodes;  // empty: single_turn
   CausalLM actor, ref;  // ref: the frozen starting actor, loaded only when kl_coef > 0
   ValueModel critic;
   std::unique_ptr<torch::optim::AdamW> actor_opt, critic_opt;
@@ -89,27 +90,25 @@ struct PpoRun {
 
 // Every answer of the step in train value's trajectory format (value_stage.h), those with a null
 // reward too (train value counts and skips them): the critic can be pre-trained on PPO's rollouts.
-void log_trajectories(MetricsLog& log, const std::vector<std::string>& ids, const std::vector<std::vector<int64_t>>& ps,
-                      const std::vector<Generation>& gens, const std::vector<std::optional<double>>& rw, int64_t step) {
-  for (std::size_t i = 0; i < gens.size(); ++i) {
-    std::vector<int64_t> seq = ps[i];
-    seq.insert(seq.end(), gens[i].tokens.begin(), gens[i].tokens.end());
-    log.write({{"task_id", ids[i]}, {"step", step}, {"ids", seq}, {"prompt_len", ps[i].size()},
-               {"logprobs", gens[i].logprobs}, {"reward", rw[i] ? json(*rw[i]) : json()}});
+void log_trajectories(MetricsLog& log, const std::vector<Sample>& samples, int64_t step) {
+  for (const auto& x : samples) {
+    std::vector<int64_t> seq = x.prompt;
+    seq.insert(seq.end(), x.answer.tokens.begin(), x.answer.tokens.end());
+    log.write({{"task_id", x.task_id}, {"step", step}, {"ids", seq}, {"prompt_len", x.prompt.size()},
+               {"logprobs", x.answer.logprobs}, {"reward", x.reward ? json(*x.reward) : json()}});
   }
 }
 
-// Samples K answers to each prompt of the step and has them judged; fills the metrics of the
-// rollout. Rows with a null reward are left out.
-std::optional<Rollouts> rollout(PpoRun& r, const std::vector<Prompt>& prompts, const Tokenizer& tok,
-                                const RewardFn& reward, int64_t step, json& m, MetricsLog& trajectories) {
+// K answers to each of the step's prompts, judged by the RewardFn: the single-turn episodes.
+std::vector<Sample> single_turn(PpoRun& r, const std::vector<Prompt>& tasks, const Tokenizer& tok,
+                                const RewardFn& reward, int64_t step, json& m) {
   const PpoOptions& o = r.o;
   std::vector<std::vector<int64_t>> ps;
   std::vector<std::string> ids;
-  for (auto i : batch_of_step(step, static_cast<int64_t>(prompts.size()), o.batch, o.seed))
+  for (const auto& t : tasks)
     for (int64_t k = 0; k < o.rollouts_per_task; ++k) {
-      ps.push_back(prompts[i].ids);
-      ids.push_back(prompts[i].task_id);
+      ps.push_back(t.ids);
+      ids.push_back(t.task_id);
     }
   SampleOptions so;
   so.max_new_tokens = o.max_new_tokens;
@@ -132,24 +131,53 @@ std::optional<Rollouts> rollout(PpoRun& r, const std::vector<Prompt>& prompts, c
   auto t1 = Clock::now();
   std::vector<std::optional<double>> rw = reward(ids, texts, answers);
   OPFORGE_CHECK(rw.size() == texts.size(), "the reward function answered {} rewards for {} answers", rw.size(), texts.size());
-  log_trajectories(trajectories, ids, ps, gens, rw, step);
+  m.update({{"gen_tokens_per_s", tokens / gen_s}, {"gen_seconds", gen_s}, {"judge_seconds", secs_since(t1)}});
+  std::vector<Sample> out;
+  for (std::size_t i = 0; i < gens.size(); ++i) out.push_back({ids[i], ps[i], std::move(gens[i]), rw[i]});
+  return out;
+}
+
+// Reward mean, pass rate and histogram of the judged samples (rows whose reward is null are left
+// out); returns their positions.
+std::vector<std::size_t> tally(const std::vector<Sample>& samples, json& m) {
   std::vector<std::size_t> keep;
   std::map<std::string, int64_t> hist;
-  double sum = 0, pass = 0;
-  for (std::size_t i = 0; i < rw.size(); ++i) {
-    if (!rw[i]) continue;
+  double sum = 0, pass = 0, tokens = 0;
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    tokens += static_cast<double>(samples[i].answer.tokens.size());
+    if (!samples[i].reward) continue;
     keep.push_back(i);
-    sum += *rw[i];
-    pass += *rw[i] >= 1;
-    ++hist[fmt::format("{:g}", *rw[i])];
+    sum += *samples[i].reward;
+    pass += *samples[i].reward >= 1;
+    ++hist[fmt::format("{:g}", *samples[i].reward)];
   }
   double n = static_cast<double>(std::max<std::size_t>(keep.size(), 1));
-  m.update({{"answers", texts.size()}, {"dropped", texts.size() - keep.size()}, {"reward_mean", sum / n},
-            {"pass_rate", pass / n}, {"reward_hist", hist}, {"response_length", static_cast<double>(tokens) / texts.size()},
-            {"gen_tokens_per_s", tokens / gen_s}, {"gen_seconds", gen_s}, {"judge_seconds", secs_since(t1)}});
+  m.update({{"answers", samples.size()}, {"dropped", samples.size() - keep.size()}, {"reward_mean", sum / n},
+            {"pass_rate", pass / n}, {"reward_hist", hist},
+            {"response_length", tokens / static_cast<double>(std::max<std::size_t>(samples.size(), 1))}});
+  return keep;
+}
+
+// The step's samples (single-turn, or the EpisodeFn's), logged and tallied; the judged ones
+// collated for the update.
+std::optional<Rollouts> rollout(PpoRun& r, const std::vector<Prompt>& prompts, const Tokenizer& tok,
+                                const RewardFn& reward, int64_t step, json& m, MetricsLog& trajectories) {
+  std::vector<Prompt> tasks;
+  for (auto i : batch_of_step(step, static_cast<int64_t>(prompts.size()), r.o.batch, r.o.seed))
+    tasks.push_back(prompts[i]);
+  std::vector<Sample> samples =
+      r.episodes ? r.episodes(r.actor, step, tasks, m) : single_turn(r, tasks, tok, reward, step, m);
+  log_trajectories(trajectories, samples, step);
+  std::vector<std::size_t> keep = tally(samples, m);
   if (keep.empty()) return std::nullopt;
+  std::vector<std::vector<int64_t>> ps;
+  std::vector<Generation> gens;
+  for (auto& x : samples) {
+    ps.push_back(x.prompt);
+    gens.push_back(x.answer);
+  }
   Rollouts ro = collate_rollouts(ps, gens, keep, r.pad);
-  for (auto i : keep) ro.rewards.push_back(*rw[i]);
+  for (auto i : keep) ro.rewards.push_back(*samples[i].reward);
   return ro;
 }
 
@@ -244,7 +272,7 @@ namespace {
 // master weights on either device.
 std::unique_ptr<PpoRun> open_run(const PpoOptions& o, const Tokenizer& tok, bool resume) {
   at::Device dev = device_named(o.device);
-  auto r = std::make_unique<PpoRun>(PpoRun{o, {}, {}, {}, nullptr, nullptr, 0, {}});
+  auto r = std::make_unique<PpoRun>(PpoRun{o, {}, {}, {}, {}, nullptr, nullptr, 0, {}});
   r->actor = CausalLM::load(resume ? checkpoint_dir(o.out, "actor") : o.actor, dev, at::kFloat);
   r->critic = ValueModel::load(resume ? checkpoint_dir(o.out, "critic") : (o.critic.empty() ? o.actor : o.critic), dev);
   if (o.kl_coef > 0) r->ref = CausalLM::load(o.actor, dev, at::kFloat);
@@ -264,7 +292,7 @@ std::unique_ptr<PpoRun> open_run(const PpoOptions& o, const Tokenizer& tok, bool
 }  // namespace
 
 PpoResult train_ppo(const PpoOptions& o, const std::vector<Prompt>& prompts, const Tokenizer& tok,
-                    const RewardFn& reward) {
+                    const RewardFn& reward, const EpisodeFn& episodes) {
   OPFORGE_CHECK(!prompts.empty(), "train ppo: no task prompts");
   OPFORGE_CHECK(o.batch > 0 && o.rollouts_per_task > 0 && o.ppo_epochs > 0, "--batch, --rollouts-per-task and "
                 "--ppo-epochs must be > 0");
@@ -272,6 +300,7 @@ PpoResult train_ppo(const PpoOptions& o, const std::vector<Prompt>& prompts, con
   spdlog::info("ppo options: {}", o.to_json().dump());
   bool resume = has_checkpoint(o.out);
   auto r = open_run(o, tok, resume);
+  r->episodes = episodes;
   std::vector<CheckpointPart> parts = {{"actor", [&](const fs::path& d) { r->actor.save(d); }, r->actor_opt.get()},
                                        {"critic", [&](const fs::path& d) { r->critic.save(d); }, r->critic_opt.get()}};
   TrainState st = resume ? load_checkpoint(o.out, parts, "ppo") : TrainState{};

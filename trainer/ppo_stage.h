@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "generate.h"
 #include "model.h"
 #include "tokenizer.h"
 
@@ -40,12 +41,30 @@ using RewardFn = std::function<std::vector<std::optional<double>>(
     const std::vector<std::string>& task_ids, const std::vector<std::string>& texts,
     const std::vector<std::vector<int64_t>>& tokens)>;
 
+// One sampled answer with the reward it earned: a single-turn answer, or one assistant turn of a
+// multi-turn episode (its prompt the whole conversation before it, as the policy rendered it; the
+// episode's final reward on each of its turns: with gamma = lam = 1 every token's return is that
+// reward either way).
+struct Sample {
+  std::string task_id;
+  std::vector<int64_t> prompt;
+  Generation answer;
+  std::optional<double> reward;  // nullopt: not judged (the environment failed)
+};
+
+// The samples of one step: episodes of `tasks` (the step's B prompts) run with `actor`, which the
+// function may only read. Adds what it measured to `metrics`. train_ppo's default (empty) samples
+// K single-turn answers per prompt and asks the RewardFn; `train ppo --multi-turn` runs opforge
+// agent against the actor (multi_turn.h).
+using EpisodeFn = std::function<std::vector<Sample>(const CausalLM& actor, int64_t step,
+                                                    const std::vector<Prompt>& tasks, nlohmann::json& metrics)>;
+
 struct PpoResult {
   std::vector<double> reward_mean;  // per step of this process
   std::filesystem::path actor_dir, critic_dir;
 };
 
 PpoResult train_ppo(const PpoOptions& options, const std::vector<Prompt>& prompts, const Tokenizer& tok,
-                    const RewardFn& reward);
+                    const RewardFn& reward, const EpisodeFn& episodes = {});
 
 }  // namespace opforge::trainer

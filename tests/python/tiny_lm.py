@@ -36,7 +36,7 @@ def _model(name, tok):
     cls, kw = CONFIGS[name]
     # A wide initialiser: logits far apart, so greedy decoding has no near-ties that float32
     # rounding could flip between two correct implementations.
-    cfg = getattr(transformers, cls)(vocab_size=len(tok), max_position_embeddings=256, initializer_range=0.3,
+    cfg = getattr(transformers, cls)(vocab_size=len(tok), max_position_embeddings=8192, initializer_range=0.3,
                                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                                      bos_token_id=None, **kw)
     torch.manual_seed(0)

@@ -1,0 +1,97 @@
+// train ppo --multi-turn (trainer/multi_turn.h): opforge agent episodes against the actor served
+// in the training process, each turn a PPO sample with its exact tokens and the episode's reward.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "test_support.h"
+
+#ifdef OPFORGE_POLICY_SERVER
+#include "multi_turn.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using namespace opforge::test;
+using namespace opforge::trainer;
+
+namespace {
+
+std::vector<json> jsonl_rows(const fs::path& file) {
+  std::vector<json> rows;
+  std::string line;
+  for (std::istringstream in(read_file(file)); std::getline(in, line);) rows.push_back(json::parse(line));
+  return rows;
+}
+
+json turn(std::vector<int64_t> prompt, std::vector<int64_t> ids) {
+  std::vector<float> lp(ids.size(), -0.5f);
+  return {{"prompt_ids", prompt}, {"ids", ids}, {"logprobs", lp}};
+}
+
+}  // namespace
+
+// Every turn of every episode is a sample: the conversation before it as its prompt, its answer's
+// ids and log-probabilities as sampled, the episode's reward (null when the judge gave none).
+TEST(MultiTurn, EachTurnOfAnEpisodeIsASampleWithTheEpisodesReward) {
+  std::vector<json> recs = {
+      {{"task_id", "a"}, {"reward", 2}, {"policy_tokens", {turn({1, 2}, {3, 4}), turn({1, 2, 3, 4, 9}, {5}), turn({1, 2, 3, 4, 9, 5, 9}, {6, 7})}}},
+      {{"task_id", "b"}, {"reward", nullptr}, {"policy_tokens", {turn({8}, {9})}}}};
+  auto s = turn_samples(recs);
+  ASSERT_EQ(s.size(), 4u);
+  EXPECT_EQ(s[1].prompt, (std::vector<int64_t>{1, 2, 3, 4, 9}));
+  EXPECT_EQ(s[2].answer.tokens, (std::vector<int64_t>{6, 7}));
+  EXPECT_EQ(s[2].answer.logprobs.size(), 2u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(s[i].reward, std::optional<double>(2.0));
+  EXPECT_EQ(s[3].task_id, "b");
+  EXPECT_FALSE(s[3].reward.has_value());
+}
+
+TEST(MultiTurn, AnEpisodeNotSampledByThePolicyServerIsAnErrorNamingItsTask) {
+  try {
+    turn_samples({{{"task_id", "t7"}, {"reward", 1}}});
+    FAIL() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("t7"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("policy_tokens"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(turn_samples({{{"task_id", "t8"}, {"reward", 1}, {"policy_tokens", {{{"prompt_ids", {1}}, {"ids", {2, 3}},
+                                                                                    {"logprobs", {-0.1}}}}}}}),
+               std::exception);
+}
+
+// End to end on the CPU: one step, two agent runs of one task against the tiny actor served by the
+// training process, each episode judged by the real opforge serve the command starts. A random
+// model calls no tool, so each episode is one turn judged -1; the point is the plumbing: the
+// samples PPO trains on carry the exact tokens the server sampled (their log-probabilities agree
+// with the trainer's recomputation to float rounding) and the update moves the actor.
+TEST(MultiTurn, PpoTrainsOnAgentEpisodesOfTheServedActor) {
+  TempDir d;
+  fs::create_directories(d / "tasks");
+  fs::copy_file(fixtures() / "eval" / "tasks" / "linear_relu.py", d / "tasks" / "linear_relu.py");
+  CmdResult r = run_opforge({"train", "ppo", "--multi-turn", "--actor", tiny_model("qwen2").string(), "--tasks",
+                             (d / "tasks").string(), "--out", (d / "out").string(), "--steps", "1", "--batch", "1",
+                             "--rollouts-per-task", "2", "--max-new-tokens", "8", "--max-turns", "2", "--lr", "1e-3",
+                             "--judge-arg=--trials", "--judge-arg=5"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto m = jsonl_rows(d / "out" / "metrics.jsonl");
+  ASSERT_EQ(m.size(), 1u);
+  EXPECT_EQ(m[0]["episodes"], 2) << m[0].dump();
+  EXPECT_EQ(m[0]["episodes_failed"], 0) << read_file(d / "out" / "rollouts" / "step_1" / "r0.log");
+  EXPECT_EQ(m[0]["answers"], 2);
+  EXPECT_EQ(m[0]["reward_hist"], json({{"-1", 2}}));
+  EXPECT_LT(m[0]["rollout_logp_gap"].get<double>(), 1e-4) << "the served tokens are not the ones scored";
+  for (auto& [k, v] : m[0].items())
+    if (v.is_number()) EXPECT_TRUE(std::isfinite(v.get<double>())) << k;
+  auto eps = jsonl_rows(d / "out" / "rollouts" / "step_1" / "r1" / "episodes.jsonl");
+  ASSERT_EQ(eps.size(), 1u);
+  ASSERT_EQ(eps[0]["policy_tokens"].size(), 1u);
+  auto traj = jsonl_rows(d / "out" / "trajectories.jsonl");
+  ASSERT_EQ(traj.size(), 2u);
+  std::vector<int64_t> seq = eps[0]["policy_tokens"][0]["prompt_ids"];
+  for (auto id : eps[0]["policy_tokens"][0]["ids"]) seq.push_back(id);
+  EXPECT_TRUE(traj[0]["ids"] == json(seq) || traj[1]["ids"] == json(seq)) << "the trajectory is not the served turn";
+  EXPECT_NE(read_file(d / "out" / "actor" / "model.safetensors"), read_file(tiny_model("qwen2") / "model.safetensors"));
+}
+
+#endif
