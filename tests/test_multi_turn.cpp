@@ -94,4 +94,34 @@ TEST(MultiTurn, PpoTrainsOnAgentEpisodesOfTheServedActor) {
   EXPECT_NE(read_file(d / "out" / "actor" / "model.safetensors"), read_file(tiny_model("qwen2") / "model.safetensors"));
 }
 
+// opforge train recipe end to end on the CPU with the smoke preset: the four stages in order under
+// one judge, each leaving stage.json; the tiny actor's episodes are all -1, so RFT keeps none and
+// says so, and the agentic stage starts from the warmed-up actor with the pre-trained critic. A
+// rerun finds every stage done and prints the same actor without running one again.
+TEST(MultiTurn, TheRecipeRunsItsFourStagesInOrderAndARerunResumesDone) {
+  TempDir d;
+  fs::create_directories(d / "tasks");
+  fs::copy_file(fixtures() / "eval" / "tasks" / "linear_relu.py", d / "tasks" / "linear_relu.py");
+  std::vector<std::string> cmd = {"train", "recipe", "--model", tiny_model("qwen2").string(), "--tasks",
+                                  (d / "tasks").string(), "--out", (d / "out").string(), "--preset", "smoke",
+                                  "--judge-arg=--trials", "--judge-arg=5"};
+  CmdResult r = run_opforge(cmd);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, (d / "out" / "4_ppo" / "actor").string() + "\n");
+  json rft = json::parse(read_file(d / "out" / "2_rft" / "stage.json"));
+  EXPECT_EQ(rft["kept"], 0);
+  EXPECT_EQ(rft["actor"], (d / "out" / "1_warmup" / "actor").string()) << "no RFT data: the warmed-up actor goes on";
+  EXPECT_NE(r.err.find("fine-tuning is skipped"), std::string::npos) << r.err;
+  EXPECT_FALSE(jsonl_rows(d / "out" / "2_rft" / "trajectories.jsonl").empty());
+  EXPECT_TRUE(fs::exists(d / "out" / "3_value" / "critic" / "value_head.safetensors"));
+  auto ppo = jsonl_rows(d / "out" / "4_ppo" / "metrics.jsonl");
+  ASSERT_EQ(ppo.size(), 1u);
+  EXPECT_EQ(ppo[0]["episodes"], 1) << ppo[0].dump();
+  auto before = fs::last_write_time(d / "out" / "4_ppo" / "stage.log");
+  CmdResult again = run_opforge(cmd);
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(again.out, r.out);
+  EXPECT_EQ(fs::last_write_time(d / "out" / "4_ppo" / "stage.log"), before) << "a done stage ran again";
+}
+
 #endif

@@ -18,6 +18,7 @@
 #include "multi_turn.h"
 #include "policy_server.h"
 #endif
+#include "recipe.h"
 #include "sft.h"
 #include "opforge/core/error.h"
 #include "opforge/core/log.h"
@@ -128,10 +129,11 @@ void add_step_options(CLI::App* c, Options& o) {
   add_precision_options(c, o.precision);
 }
 void add_eval(CLI::App* train, std::function<int()>& run);
+void add_recipe(CLI::App* train, std::function<int()>& run);
 
 void add_train(CLI::App& app, std::function<int()>& run) {
   CLI::App* train = app.add_subcommand("train", "The paper's training stages on a local Hugging Face model (libtorch): "
-                                                "sft, value, ppo, eval");
+                                                "sft, value, ppo, eval, and recipe (all four in order)");
   train->require_subcommand(1);
   auto o = std::make_shared<SftOptions>();
   CLI::App* c = train->add_subcommand("sft", "Supervised fine-tuning on chat records, loss on assistant tokens only "
@@ -157,6 +159,7 @@ void add_train(CLI::App& app, std::function<int()>& run) {
   add_value(train, run);
   add_ppo(train, run);
   add_eval(train, run);
+  add_recipe(train, run);
 }
 
 // The judge of train ppo and train eval: --judge-url's service, or an opforge serve of --tasks
@@ -351,6 +354,37 @@ void add_eval(CLI::App* train, std::function<int()>& run) {
                                 "the judge's folder goes beside it (OUT.judge)");
   add_judge_options(c, a->judge);
   c->callback([a, &run] { run = [a] { return run_eval(*a); }; });
+}
+
+// opforge train recipe (recipe.h): a preset names data/recipes/NAME.json, or is a path.
+void add_recipe(CLI::App* train, std::function<int()>& run) {
+  auto o = std::make_shared<RecipeOptions>();
+  auto preset = std::make_shared<std::string>("paper");
+  CLI::App* c = train->add_subcommand("recipe", "CUDA Agent's four stages in order: single-turn PPO warm-up, RFT (agent "
+                                                "episodes of the warmed-up actor kept by `agent sft`, then sft), value "
+                                                "pre-training, multi-turn PPO; one judge; a rerun resumes; prints the "
+                                                "final actor's folder");
+  c->add_option("--model", o->model, "Model folder to start from")->required();
+  c->add_option("--tasks", o->tasks, "Tasks: a shard, a workspace or a folder of KernelBench files")->required();
+  c->add_option("--out", o->out, "Output folder: 1_warmup/ 2_rft/ 3_value/ 4_ppo/ judge/")->required();
+  c->add_option("--preset", *preset, "Stage sizes: a name in data/recipes/ (paper, smoke) or a .json path")
+      ->capture_default_str();
+  c->add_option("--device", o->device, "cpu or cuda (every stage's, and the judge's)")->capture_default_str();
+  c->add_option("--judge-url", o->judge_url, "A running opforge serve (http://host:port); default: one started here");
+  c->add_option("--judge-arg", o->judge_args, "An argument for the started opforge serve (repeat)");
+  c->callback([o, preset, &run] {
+    run = [o, preset] {
+#ifdef OPFORGE_POLICY_SERVER
+      bool named = preset->find('/') == std::string::npos && !preset->ends_with(".json");
+      o->preset = named ? opforge::data_dir() / "recipes" / (*preset + ".json") : std::filesystem::path(*preset);
+      std::cout << run_recipe(*o).string() << "\n";
+      return 0;
+#else
+      throw opforge::Error("train recipe: this opforge-trainer was built without cpp-httplib (OPFORGE_SERVE=OFF), so "
+                           "its RFT and agentic stages cannot serve the actor; rebuild with -DOPFORGE_SERVE=ON");
+#endif
+    };
+  });
 }
 
 }  // namespace

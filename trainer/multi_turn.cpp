@@ -1,10 +1,5 @@
 #include "multi_turn.h"
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <fstream>
 #include <thread>
 
@@ -12,36 +7,13 @@
 #include "opforge/core/files.h"
 #include "opforge/core/paths.h"
 #include "policy_server.h"
-
-extern char** environ;
+#include "subprocess.h"
 
 namespace opforge::trainer {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
-
-// Starts `argv` with stdout and stderr in `log`; returns its pid.
-pid_t spawn_logged(const std::vector<std::string>& args, const fs::path& log) {
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = -1;
-  int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  OPFORGE_CHECK(rc == 0, "cannot start {}: {}", args[0], std::strerror(rc));
-  return pid;
-}
-
-std::string tail(const fs::path& file, std::size_t chars = 2000) {
-  std::string s = fs::exists(file) ? read_text(file) : "";
-  return s.size() > chars ? s.substr(s.size() - chars) : s;
-}
 
 std::vector<std::string> agent_argv(const MultiTurnOptions& o, const fs::path& step_dir, int64_t k, int port) {
   std::vector<std::string> a = {opforge_executable().string(), "agent", "--tasks", (step_dir / "tasks.jsonl").string(),
@@ -63,10 +35,8 @@ void run_agents(const MultiTurnOptions& o, const fs::path& step_dir, int port) {
     pids.push_back(spawn_logged(agent_argv(o, step_dir, k, port), step_dir / fmt::format("r{}.log", k)));
   std::string failed;
   for (std::size_t k = 0; k < pids.size(); ++k) {
-    int status = 0;
-    ::waitpid(pids[k], &status, 0);
-    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0) && failed.empty())
-      failed = fmt::format("opforge agent run r{} failed ({}): {}", k, status, tail(step_dir / fmt::format("r{}.log", k)));
+    std::string f = wait_logged(pids[k], fmt::format("opforge agent run r{}", k), step_dir / fmt::format("r{}.log", k));
+    if (failed.empty()) failed = f;
   }
   OPFORGE_CHECK(failed.empty(), "{}", failed);
 }
