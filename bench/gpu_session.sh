@@ -19,6 +19,11 @@
 #     corpus      opforge run --preset ops6k --count $COUNT (default 1000) on every GPU; resumable: /tmp/cws on a
 #                 warm machine, else CORPUS_DB when given (e.g. bench/results/ops6k_h200.db.gz), else a new
 #                 workspace on the committed H200 crawl (CRAWL_DB); corpus.db.gz comes back
+#     learning    bench/learning_run.py (issue #14's learning run) on GPU 0 over the export of the committed
+#                 ops6k_h200.db.gz (191 train / 114 test); resumable: each call goes on in /tmp/lr and ends
+#                 after a finished unit before LEARN_TIMEOUT (default 540 s), so run it 3 times back to back
+#                 (LR_FRESH=1 starts over); results.json, summary.md, the png and learning_logs.tgz come back
+#                 (with `build` in the same cold call: LEARN_TIMEOUT=420, the build takes ~120 s of the 600)
 # A machine kept warm between calls keeps build-gpu and /tmp, so a later call can skip `build`.
 # At most 8 files come back from $OUT: each step writes few (the logs of a step in one file).
 # Needs .device (../shared/device/pack-debs.sh) carried; CRAWL_DB (default bench/results/crawl_h200.db.gz,
@@ -28,7 +33,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 P=/opt/torch/.venv/bin/python3
 B=$PWD/build-gpu/opforge
-[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|agent|serve|trainer|throughput|checks|kb|dedupscale|corpus..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|agent|serve|trainer|throughput|checks|kb|dedupscale|corpus|learning..." >&2; exit 2; }
 source .device/env.sh > /dev/null
 export PATH=/opt/torch/.venv/bin:$PATH
 # bubblewrap comes in .device (pack-debs.sh bubblewrap): the judge sandboxes every solution with it.
@@ -176,6 +181,28 @@ case $step in
     [ -d /tmp/cws/export/stats ] && tar -C /tmp/cws/export -czf "$OUT/export_stats.tar.gz" manifest.json README.md stats
     $P -c "import sqlite3; sqlite3.connect('/tmp/cws/opforge.db').execute('PRAGMA wal_checkpoint(TRUNCATE)')"
     gzip -c /tmp/cws/opforge.db > "$OUT/corpus.db.gz"
+    ;;
+  learning)
+    # Resumable across calls (bench/learning_run.md): /tmp/lr keeps the run's state.json and the
+    # trainer's checkpoints, so a call on a warm machine goes on where the last ended or was cut.
+    # --stop-after-s ends a call after a finished unit 45 s before the timeout (a unit is not cut, the
+    # judge stops and the results are written); the timeout is the fallback (SIGTERM: same, sooner).
+    stamp "learning run on GPU 0 (resumes /tmp/lr)"
+    [ -n "${LR_FRESH:-}" ] && rm -rf /tmp/lr
+    restore_ws /tmp/lws bench/results/ops6k_h200.db.gz
+    [ -f /tmp/lws/export/manifest.json ] || $B export --workspace /tmp/lws --out /tmp/lws/export \
+      --test-fraction 0.35 --no-plots --no-realism > /tmp/lws_export.log 2>&1
+    lt=${LEARN_TIMEOUT:-540}
+    # LEARN_ARGS: more options (e.g. "--bf16 --ppo-steps 30"); options a finished unit depends on
+    # must stay the same across the calls of one run (the driver refuses a mismatch).
+    CUDA_VISIBLE_DEVICES=0 timeout "$lt" $P bench/learning_run.py --corpus /tmp/lws/export --device cuda --out /tmp/lr \
+      --opforge "$B" --stop-after-s $((lt - 45)) --time-budget-s "${LEARN_BUDGET:-1080}" --verify 8 \
+      --judge-arg "--trials 10 --budget-s 1" ${LEARN_ARGS:-} > "$OUT/learning.txt" 2>&1
+    echo "learning run rc $? (0: done, 3: partial, call again; 124: timeout)" >> "$OUT/learning.txt"
+    cp /tmp/lr/results.json /tmp/lr/summary.md /tmp/lr/learning_run.png "$OUT"/ 2> /dev/null
+    (cd /tmp/lr && tar czf "$OUT/learning_logs.tgz" $(ls -d *.log *.json sft/metrics.jsonl ppo_seed*/metrics.jsonl \
+      eval_*.jsonl verify/report/report.json 2> /dev/null) /tmp/lws_export.log 2> /dev/null)
+    tail -30 "$OUT/learning.txt"
     ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac

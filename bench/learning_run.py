@@ -8,29 +8,65 @@ steps, for several seeds. See bench/learning_run.md.
   python bench/learning_run.py --corpus EXPORT_DIR --device cuda --out OUT --time-budget-s 1080
   python bench/learning_run.py --small --out /tmp/lr     # CPU smoke test: builds a tiny corpus
 
-Writes OUT/results.json, OUT/learning_run.png, OUT/summary.md (also printed); progress on stderr.
+Resumable: a call cut at any point (SIGKILL included) is continued by the same command with the
+same --out. Every finished unit (corpus, reference check, model, SFT data, each SFT chunk with its
+val loss and the plateau decision, each eval point, each PPO chunk) is in OUT/state.json, written
+atomically, and skipped by the next call; the trainer's stages resume from their own checkpoints.
+The time budget counts every call (OUT/clock.json). `--stop-after-s S` ends a call after a
+finished unit once the next one would pass S seconds of that call (SIGTERM ends it as well).
+
+Writes OUT/results.json, OUT/learning_run.png, OUT/summary.md (also printed) with whatever is
+done, marked "partial" until every seed is; progress on stderr and in OUT/learning_run.log.
 Everything is offline: the model and its tokenizer are made here (transformers from_config, a BPE
 trained on the corpus text), nothing is downloaded.
 """
 import argparse
+import ctypes
+import fcntl
 import glob
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-OPFORGE = os.path.join(ROOT, "build", "opforge")
+OPFORGE = os.path.join(ROOT, "build", "opforge")  # --opforge replaces it (the GPU machine's build-gpu)
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 
 T0 = time.time()
+LOGFILE = None  # OUT/learning_run.log: every call's progress in one place, beside the state it explains
 
 
 def log(msg):
-    print(f"[learning_run {time.time() - T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+    line = f"[learning_run {time.time() - T0:7.1f}s] {msg}"
+    print(line, file=sys.stderr, flush=True)
+    if LOGFILE:
+        with open(LOGFILE, "a") as f:
+            f.write(time.strftime("%H:%M:%S ") + line + "\n")
+
+
+class Stop(Exception):
+    """This call ends before the run does (--stop-after-s, SIGTERM); the next call goes on."""
+
+
+def on_sigterm(signum, frame):
+    # `timeout` sends TERM: end like --stop-after-s, so the results are written; a second TERM while
+    # they are written is ignored.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise Stop("SIGTERM")
+
+
+_LIBC = ctypes.CDLL("libc.so.6", use_errno=True)
+
+
+def die_with_parent():
+    # A child that outlived a SIGKILLed driver would go on writing into OUT beside the next call's
+    # (PR_SET_PDEATHSIG; `opforge train` execs the trainer, which keeps it).
+    _LIBC.prctl(1, signal.SIGTERM)
 
 
 def sh(args, capture=True, logfile=None, timeout=None):
@@ -39,7 +75,7 @@ def sh(args, capture=True, logfile=None, timeout=None):
     err = open(logfile, "a") if logfile else None
     try:
         r = subprocess.run(args, stdout=subprocess.PIPE if capture else None, stderr=err or None, text=True,
-                           timeout=timeout, cwd=ROOT)
+                           timeout=timeout, cwd=ROOT, preexec_fn=die_with_parent)
     finally:
         if err:
             err.close()
@@ -50,6 +86,94 @@ def sh(args, capture=True, logfile=None, timeout=None):
                 tail = "".join(f.readlines()[-15:])
         raise RuntimeError(f"{args[1:3]} failed with {r.returncode}\n{tail}")
     return r.stdout or ""
+
+
+def write_json(path, obj):
+    """Atomically: a kill leaves the old file or the new one, never half of one."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+def read_json(path, default):
+    if not os.path.exists(path):
+        return default
+    with open(path) as f:
+        return json.load(f)
+
+
+# ---------------------------------------------------------------- state across calls
+
+
+class Clock:
+    """The run's time across calls, in OUT/clock.json. SIGALRM saves it every few seconds (a timer,
+    not a thread, so preexec_fn stays safe), so a SIGKILLed call's time counts to within that."""
+
+    EVERY_S = 5
+
+    def __init__(self, out):
+        self.path = os.path.join(out, "clock.json")
+        c = read_json(self.path, {})
+        self.before, self.calls, self.t0 = c.get("spent_s", 0.0), c.get("calls", 0) + 1, None
+
+    def start(self):
+        self.t0 = time.time()
+        self.save()
+        signal.signal(signal.SIGALRM, lambda *_: self.save())
+        signal.setitimer(signal.ITIMER_REAL, self.EVERY_S, self.EVERY_S)
+
+    def spent(self):
+        return self.before + (time.time() - self.t0 if self.t0 else 0.0)
+
+    def save(self):
+        write_json(self.path, {"spent_s": round(self.spent(), 1), "calls": self.calls})
+
+
+class Run:
+    """What every unit needs: options, config, OUT/state.json (finished units), the clock, the judge."""
+
+    def __init__(self, args, cfg):
+        self.args, self.cfg, self.out = args, cfg, args.out
+        self.path = os.path.join(self.out, "state.json")
+        self.state = read_json(self.path, {})
+        self.clock = Clock(self.out)
+        self.units = 0  # finished by this call: the first always runs, so every call gets somewhere
+        self.stopped = None
+        self.judge, self.judge_url = None, None
+
+    def save(self):
+        write_json(self.path, self.state)
+
+    def est(self, kind):
+        return self.state.get("estimates", {}).get(kind)
+
+    def finished(self, kind=None, seconds=None):
+        """A unit is done: its time is the estimate of the next of its kind; state saved."""
+        if kind:
+            self.state.setdefault("estimates", {})[kind] = round(seconds, 1)
+        self.units += 1
+        self.save()
+
+    def may_start(self, what, est=None):
+        """Raises Stop when this call should end before `what` (--stop-after-s)."""
+        cap = self.args.stop_after_s
+        if not cap:
+            return
+        elapsed = time.time() - T0
+        if elapsed >= cap or (est and self.units and elapsed + est > cap):
+            raise Stop(f"stop-after-s {cap:.0f}: {elapsed:.0f}s used, {what} would take ~{est or 0:.0f}s")
+
+    def unit(self, key, fn, kind=None):
+        """The result of `fn` kept under `key`: computed once across calls."""
+        if key in self.state:
+            log(f"skip {key}: done in an earlier call")
+            return self.state[key]
+        self.may_start(key, self.est(kind) if kind else None)
+        t = time.time()
+        self.state[key] = fn()
+        self.finished(kind, time.time() - t)
+        return self.state[key]
 
 
 # ---------------------------------------------------------------- corpus
@@ -66,15 +190,21 @@ def read_records(corpus):
 
 
 def build_corpus(args, out):
-    """`opforge run` (default preset, --count) into a workspace, then an export with a test split."""
+    """`opforge run` (default preset, --count) into a workspace, then an export with a test split.
+    A tiny corpus has few clusters: the next split seeds are tried until both sides have tasks."""
     ws = os.path.join(out, "workspace")
     corpus = os.path.join(out, "corpus")
     run = [OPFORGE, "run", "-w", ws, "--count", str(args.build_count), "--no-plots"]
     if args.device == "cpu":
         run += ["--device", "cpu"]
     sh(run, logfile=os.path.join(out, "corpus.log"))
-    sh([OPFORGE, "export", "-w", ws, "--out", corpus, "--test-fraction", str(args.test_fraction),
-        "--split-seed", str(args.split_seed), "--no-plots", "--no-realism"], logfile=os.path.join(out, "corpus.log"))
+    for seed in range(args.split_seed, args.split_seed + 5):
+        sh([OPFORGE, "export", "-w", ws, "--out", corpus, "--test-fraction", str(args.test_fraction),
+            "--split-seed", str(seed), "--no-plots", "--no-realism"], logfile=os.path.join(out, "corpus.log"))
+        splits = [r.get("split") for r in read_records(corpus)]
+        log(f"corpus split seed {seed}: {splits.count('train')} train, {splits.count('test')} test")
+        if splits.count("train") and splits.count("test"):
+            break
     return corpus
 
 
@@ -143,7 +273,7 @@ def make_model(out, texts, cfg, seed):
     model.save_pretrained(d)
     tok.save_pretrained(d)
     log(f"model: Qwen2 {cfg} -> {n / 1e6:.2f}M parameters, vocab {len(tok)}")
-    return d, tok, n
+    return {"dir": d, "params": n, "vocab": len(tok)}
 
 
 def sft_records(recs):
@@ -154,10 +284,35 @@ def sft_records(recs):
             for r in recs]
 
 
+def write_sft_data(run, train, model_dir, sft_train, sft_val):
+    """The SFT files and max_new_tokens (answers' longest, in the model's tokens, plus a quarter)."""
+    import transformers
+
+    cfg = run.cfg
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    rows = sft_records(train)
+    ntok = [len(tok(tok.apply_chat_template(r["messages"], tokenize=False), add_special_tokens=False).input_ids)
+            for r in rows]
+    ans = [len(tok(r["messages"][-1]["content"]).input_ids) for r in rows]
+    max_new = int(max(ans) * 1.25) + 16
+    log(f"sft records: {len(rows)}, tokens per record max {max(ntok)} mean {sum(ntok) / len(ntok):.0f}; "
+        f"answers max {max(ans)} tokens -> max_new_tokens {max_new}")
+    if max(ntok) > cfg["max_pos"]:
+        log(f"WARNING: records longer than max_position_embeddings {cfg['max_pos']} are cut")
+    nval = max(1, len(rows) // 10)
+    # Validation: the train split's last tenth by cluster order would be cleaner; records are in id
+    # order, so the last tenth is as good as random and never seen in training.
+    write_jsonl(sft_train, rows[:-nval] if len(rows) > nval else rows)
+    write_jsonl(sft_val, rows[-nval:])
+    return {"records": len(rows), "max_new": max_new, "tokens_max": max(ntok), "answer_tokens_max": max(ans)}
+
+
 def write_jsonl(path, rows):
-    with open(path, "w") as f:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
         for r in rows:
             f.write(json.dumps(r) + "\n")
+    os.replace(tmp, path)
 
 
 def metrics(path):
@@ -170,76 +325,90 @@ def metrics(path):
 # ---------------------------------------------------------------- stages
 
 
-def run_sft(args, cfg, model_dir, train, val, out, deadline):
-    """SFT in chunks of cfg['sft_chunk'] steps (it resumes) until val_loss plateaus or time is up."""
-    d = os.path.join(out, "sft")
-    steps, best, stale, chunk_s = 0, math.inf, 0, None
-    while steps < cfg["sft_max_steps"]:
-        if chunk_s and time.time() + chunk_s > deadline:
-            log("sft: time share spent")
+def run_sft(run, model_dir, train, val):
+    """SFT in chunks of cfg['sft_chunk'] steps (it resumes) until val_loss plateaus, the step cap or
+    the SFT share of the budget. Each chunk's val loss and the plateau count are in the state."""
+    args, cfg, d = run.args, run.cfg, os.path.join(run.out, "sft")
+    st = run.state.setdefault("sft", {"chunks": [], "best": None, "stale": 0, "done": None})
+    for c in st["chunks"]:
+        log(f"skip sft chunk to step {c['step']}: done in an earlier call (val_loss {c['val_loss']})")
+    while not st["done"]:
+        steps = st["chunks"][-1]["step"] if st["chunks"] else 0
+        chunk_s = st["chunks"][-1]["s"] if st["chunks"] else None
+        if steps >= cfg["sft_max_steps"]:
+            st["done"] = "step cap"
+        elif chunk_s and run.clock.spent() + chunk_s > args.sft_share * args.time_budget_s:
+            st["done"] = "time share spent"
+        if st["done"]:
+            log(f"sft: {st['done']}")
+            run.save()
             break
         steps += cfg["sft_chunk"]
+        run.may_start(f"sft chunk to step {steps}", run.est("sft_chunk"))
         t = time.time()
         sh([OPFORGE, "train", "sft", "--model", model_dir, "--data", train, "--val", val, "--out", d, "--steps",
             str(steps), "--batch", str(cfg["sft_batch"]), "--lr", str(args.sft_lr), "--save-every",
             str(cfg["sft_chunk"]), "--max-len", str(cfg["max_pos"]), "--device", args.device, "--seed", "0"]
-           + (["--bf16"] if args.bf16 else []), logfile=os.path.join(out, "sft.log"))
+           + (["--bf16"] if args.bf16 else []), logfile=os.path.join(run.out, "sft.log"))
         chunk_s = time.time() - t
         vals = [m["val_loss"] for m in metrics(os.path.join(d, "metrics.jsonl")) if "val_loss" in m]
-        v = vals[-1] if vals else math.inf
-        log(f"sft: step {steps} val_loss {v:.4f} ({chunk_s:.0f}s a chunk)")
-        if v < best * (1 - args.plateau_rel):
-            best, stale = v, 0
-        else:
-            stale += 1
-            if stale >= args.plateau_patience:
-                log(f"sft: val_loss plateaued ({args.plateau_patience} chunks without a {args.plateau_rel:.0%} gain)")
-                break
-    m = metrics(os.path.join(d, "metrics.jsonl"))
-    return os.path.join(d, "model"), {
-        "steps": steps,
-        "val_curve": [{"step": x.get("step"), "val_loss": x["val_loss"]} for x in m if "val_loss" in x],
-        "train_curve": [{"step": x.get("step"), "loss": x.get("loss")} for x in m],
-    }
+        v = vals[-1] if vals else None
+        log(f"sft: step {steps} val_loss {v} ({chunk_s:.0f}s a chunk)")
+        plateau_step(args, st, v)
+        st["chunks"].append({"step": steps, "val_loss": v, "s": round(chunk_s, 1)})
+        run.finished("sft_chunk", chunk_s)
+    return os.path.join(d, "model")
 
 
-JUDGE_URL = None
+def plateau_step(args, st, v):
+    """A chunk's val loss against the best so far: `patience` chunks without a `rel` gain end SFT."""
+    if v is not None and (st["best"] is None or v < st["best"] * (1 - args.plateau_rel)):
+        st["best"], st["stale"] = v, 0
+        return
+    st["stale"] += 1
+    if st["stale"] >= args.plateau_patience:
+        st["done"] = f"val_loss plateaued ({args.plateau_patience} chunks without a {args.plateau_rel:.0%} gain)"
+        log(f"sft: {st['done']}")
 
 
-def start_judge(args, tasks, out):
-    """One `opforge serve` for the whole run (warm workers, one baseline cache), its URL."""
-    global JUDGE_URL
+def start_judge(run, tasks):
+    """One `opforge serve` for this call (warm workers, one baseline cache), its URL."""
+    args, out = run.args, run.out
     extra = [x for a in args.judge_arg or [] for x in a.split()]
     cmd = [OPFORGE, "serve", "--tasks", tasks, "--port", "0", "--policy", "torch-allowed", "--device",
            args.device] + extra
     log("$ " + " ".join(cmd))
     stdout = open(os.path.join(out, "judge.out"), "w+")
-    proc = subprocess.Popen(cmd, stdout=stdout, stderr=open(os.path.join(out, "judge.log"), "a"), cwd=ROOT)
+    run.judge = subprocess.Popen(cmd, stdout=stdout, stderr=open(os.path.join(out, "judge.log"), "a"), cwd=ROOT,
+                                 preexec_fn=die_with_parent)
     for _ in range(600):
-        if proc.poll() is not None:
-            raise RuntimeError(f"opforge serve exited with {proc.returncode}: see {out}/judge.log")
+        if run.judge.poll() is not None:
+            raise RuntimeError(f"opforge serve exited with {run.judge.returncode}: see {out}/judge.log")
         stdout.seek(0)
         for line in stdout.read().splitlines():
             if line.startswith("listening on "):
-                JUDGE_URL = line.split()[-1]
-                log(f"judge at {JUDGE_URL}")
-                return proc
+                run.judge_url = line.split()[-1]
+                log(f"judge at {run.judge_url}")
+                return
         time.sleep(0.5)
-    proc.terminate()
     raise RuntimeError("opforge serve did not start in 300 s")
 
 
-def judge_args(args):
-    if JUDGE_URL:
-        return ["--judge-url", JUDGE_URL]
-    out = ["--judge-arg=--policy", "--judge-arg=torch-allowed"]
-    for a in args.judge_arg or []:
-        out += [f"--judge-arg={x}" for x in a.split()]
-    return out
+def judge_args(run):
+    """--judge-url of this call's judge, started the first time a unit needs one (a call that only
+    skips finished units starts none)."""
+    args = run.args
+    if args.judge_per_command:
+        out = ["--judge-arg=--policy", "--judge-arg=torch-allowed"]
+        return out + [f"--judge-arg={x}" for a in args.judge_arg or [] for x in a.split()]
+    if not run.judge_url:
+        start_judge(run, os.path.join(run.out, "tasks_all.jsonl"))
+    return ["--judge-url", run.judge_url]
 
 
-def run_eval(args, cfg, model, tasks, out_file):
-    judge = judge_args(args)
+def run_eval(run, model, tasks, out_file):
+    args, cfg = run.args, run.cfg
+    judge = judge_args(run)
     o = sh([OPFORGE, "train", "eval", "--model", model, "--tasks", tasks, "--max-new-tokens", str(cfg["max_new"]),
             "--device", args.device, "--batch", str(cfg["eval_batch"]), "--out", out_file] + judge,
            logfile=out_file + ".log")
@@ -249,90 +418,171 @@ def run_eval(args, cfg, model, tasks, out_file):
     return res
 
 
-def run_ppo_seed(args, cfg, actor0, train_tasks, test_tasks, out, seed, deadline):
-    d = os.path.join(out, f"ppo_seed{seed}")
-    judge = judge_args(args)
-    points, step, chunk_s = [], 0, None
-    while step < cfg["ppo_steps"]:
-        if chunk_s and time.time() + chunk_s > deadline:
-            log(f"ppo seed {seed}: time share spent at step {step}")
+POINT_KEYS = ("pass_at_1", "mean_reward", "judged", "tasks", "null", "reward_hist")
+
+
+def run_ppo_seed(run, actor0, train_tasks, test_tasks, seed, share_s):
+    """PPO from the SFT model in chunks of eval_every steps, an eval of the actor after each. The
+    seed's deadline (in run time) is fixed when it starts, so a resumed seed keeps its share."""
+    args, cfg, d = run.args, run.cfg, os.path.join(run.out, f"ppo_seed{seed}")
+    ps = run.state.setdefault("ppo", {}).get(str(seed))
+    if ps is None:
+        ps = run.state["ppo"][str(seed)] = {"deadline_s": round(run.clock.spent() + share_s, 1), "trained_to": 0,
+                                            "chunk_s": None, "eval": [], "done": None}
+        run.save()
+    for p in ps["eval"]:
+        log(f"skip ppo seed {seed} step {p['step']} (chunk and eval): done in an earlier call")
+    while not ps["done"]:
+        step = ps["trained_to"]
+        if (ps["eval"][-1]["step"] if ps["eval"] else 0) < step:
+            run.may_start(f"eval seed {seed} step {step}", run.est("eval"))
+            t = time.time()
+            res = run_eval(run, os.path.join(d, "actor"), test_tasks,
+                           os.path.join(run.out, f"eval_seed{seed}_step{step}.jsonl"))
+            ps["eval"].append({"step": step, **{k: res.get(k) for k in POINT_KEYS}})
+            ps["chunk_s"] = round((ps.pop("train_s", 0) or 0) + time.time() - t, 1)
+            run.finished("eval", time.time() - t)
+            write_report(run)
+            continue
+        if step >= cfg["ppo_steps"]:
+            ps["done"] = "all steps"
+        elif ps["chunk_s"] and run.clock.spent() + ps["chunk_s"] > ps["deadline_s"]:
+            ps["done"] = f"time share spent at step {step}"
+        if ps["done"]:
+            log(f"ppo seed {seed}: {ps['done']}")
+            run.save()
             break
-        step = min(step + cfg["eval_every"], cfg["ppo_steps"])
-        t = time.time()
-        sh([OPFORGE, "train", "ppo", "--actor", actor0, "--tasks", train_tasks, "--out", d, "--steps", str(step),
-            "--batch", str(cfg["ppo_batch"]), "--rollouts-per-task", str(cfg["rollouts"]), "--max-new-tokens",
-            str(cfg["max_new"]), "--lr", str(args.ppo_lr), "--critic-lr", str(args.ppo_critic_lr), "--kl-coef",
-            str(args.kl_coef), "--seed", str(seed), "--device", args.device] + (["--bf16"] if args.bf16 else [])
-           + judge, logfile=os.path.join(d + ".log"))
-        res = run_eval(args, cfg, os.path.join(d, "actor"), test_tasks, os.path.join(out, f"eval_seed{seed}_step{step}.jsonl"))
-        points.append({"step": step, **{k: res.get(k) for k in ("pass_at_1", "mean_reward", "judged", "tasks", "null",
-                                                                "reward_hist")}})
-        chunk_s = time.time() - t
-    m = metrics(os.path.join(d, "metrics.jsonl"))
-    keep = ("step", "reward_mean", "pass_rate", "kl_ref", "approx_kl", "entropy", "rollout_logp_gap", "response_len")
-    return {"seed": seed, "eval": points, "train_metrics": [{k: x[k] for k in keep if k in x} for x in m]}
+        run_ppo_chunk(run, actor0, train_tasks, d, seed, ps, min(step + cfg["eval_every"], cfg["ppo_steps"]))
+
+
+def run_ppo_chunk(run, actor0, train_tasks, d, seed, ps, step):
+    args, cfg = run.args, run.cfg
+    run.may_start(f"ppo seed {seed} to step {step}", run.est("ppo_chunk"))
+    t = time.time()
+    sh([OPFORGE, "train", "ppo", "--actor", actor0, "--tasks", train_tasks, "--out", d, "--steps", str(step),
+        "--batch", str(cfg["ppo_batch"]), "--rollouts-per-task", str(cfg["rollouts"]), "--max-new-tokens",
+        str(cfg["max_new"]), "--lr", str(args.ppo_lr), "--critic-lr", str(args.ppo_critic_lr), "--kl-coef",
+        str(args.kl_coef), "--seed", str(seed), "--device", args.device] + (["--bf16"] if args.bf16 else [])
+       + judge_args(run), logfile=d + ".log")
+    ps["trained_to"], ps["train_s"] = step, round(time.time() - t, 1)
+    run.finished("ppo_chunk", time.time() - t)
+
+
+def run_stages(run, model_dir, sft_train, sft_val, train_tasks, test_tasks, seeds):
+    sft_model = run_sft(run, model_dir, sft_train, sft_val)
+    run.unit("sft_eval", lambda: run_eval(run, sft_model, test_tasks, os.path.join(run.out, "eval_sft.jsonl")),
+             kind="eval")
+    write_report(run)
+    for i, seed in enumerate(seeds):
+        left = run.args.time_budget_s - run.clock.spent()
+        run_ppo_seed(run, sft_model, train_tasks, test_tasks, seed, left / (len(seeds) - i))
 
 
 # ---------------------------------------------------------------- report
 
 
+def results(run):
+    """results.json from the state: the same keys whether one call or several made it."""
+    st, seeds = run.state, []
+    for seed in run.seeds:
+        ps = st.get("ppo", {}).get(str(seed))
+        if ps is None:
+            continue
+        m = metrics(os.path.join(run.out, f"ppo_seed{seed}", "metrics.jsonl"))
+        keep = ("step", "reward_mean", "pass_rate", "kl_ref", "approx_kl", "entropy", "rollout_logp_gap",
+                "response_len", "peak_mem_gib")
+        seeds.append({"seed": seed, "eval": ps["eval"], "stopped": ps["done"],
+                      "train_metrics": [{k: x[k] for k in keep if k in x} for x in m]})
+    sft = st.get("sft", {})
+    m = metrics(os.path.join(run.out, "sft", "metrics.jsonl"))
+    done = len(seeds) == len(run.seeds) and all(s["stopped"] for s in seeds)
+    return {"partial": not done, "stopped": run.stopped, "spent_s": round(run.clock.spent(), 1),
+            "calls": run.clock.calls, "device": run.args.device, "config": run.cfg, "args": vars(run.args),
+            "corpus": run.corpus_info, "reference_check": st.get("reference_check"), "model": st.get("model"),
+            "sft": {"steps": sft["chunks"][-1]["step"] if sft.get("chunks") else 0, "stopped": sft.get("done"),
+                    "chunks": sft.get("chunks", []),
+                    "val_curve": [{"step": x.get("step"), "val_loss": x["val_loss"]} for x in m if "val_loss" in x],
+                    "train_curve": [{"step": x.get("step"), "loss": x.get("loss")} for x in m]},
+            "sft_eval": st.get("sft_eval"), "seeds": seeds, "wall_s": round(run.clock.spent(), 1)}
+
+
+def write_report(run):
+    """results.json, summary.md and the plot with what is done so far (after each eval point, so a
+    SIGKILLed call still leaves them)."""
+    res = results(run)
+    write_json(os.path.join(run.out, "results.json"), res)
+    return report(res, run.out)
+
+
+def stat(seeds, step, key):
+    xs = [p[key] for s in seeds for p in s["eval"] if p["step"] == step and p[key] is not None]
+    if not xs:
+        return None, None, 0
+    mu = sum(xs) / len(xs)
+    sd = (sum((x - mu) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else 0.0
+    return mu, sd, len(xs)
+
+
 def report(res, out):
-    sft = res["sft_eval"]
+    sft = res.get("sft_eval") or {}
     seeds = res["seeds"]
     steps = sorted({p["step"] for s in seeds for p in s["eval"]})
-
-    def stat(step, key):
-        xs = [p[key] for s in seeds for p in s["eval"] if p["step"] == step and p[key] is not None]
-        if not xs:
-            return None, None, 0
-        mu = sum(xs) / len(xs)
-        sd = (sum((x - mu) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 if len(xs) > 1 else 0.0
-        return mu, sd, len(xs)
-
     f = lambda v: "—" if v is None else f"{v:.3f}"  # noqa: E731
-    lines = [f"| point | seeds | pass@1 mean ± sd | mean reward mean ± sd | test tasks |", "|---|---|---|---|---|",
-             f"| SFT (step 0) | 1 | {f(sft.get('pass_at_1'))} | {f(sft.get('mean_reward'))} | {sft.get('tasks')} |"]
+    lines = []
+    if res["partial"]:
+        lines += [f"**Partial run** ({res['spent_s']:.0f} s over {res['calls']} call(s); this call ended: "
+                  f"{res['stopped'] or 'running, or killed'}): rerun the same command to go on.", ""]
+    lines += ["| point | seeds | pass@1 mean ± sd | mean reward mean ± sd | test tasks |", "|---|---|---|---|---|",
+              f"| SFT (step 0) | 1 | {f(sft.get('pass_at_1'))} | {f(sft.get('mean_reward'))} | {sft.get('tasks')} |"]
     for st in steps:
-        pm, ps, n = stat(st, "pass_at_1")
-        rm, rs, _ = stat(st, "mean_reward")
+        pm, ps, n = stat(seeds, st, "pass_at_1")
+        rm, rs, _ = stat(seeds, st, "mean_reward")
         lines.append(f"| PPO step {st} | {n} | {f(pm)} ± {f(ps)} | {f(rm)} ± {f(rs)} | {sft.get('tasks')} |")
     table = "\n".join(lines)
-    with open(os.path.join(out, "summary.md"), "w") as fh:
+    with open(os.path.join(out, "summary.md.tmp"), "w") as fh:
         fh.write(table + "\n")
+    os.replace(os.path.join(out, "summary.md.tmp"), os.path.join(out, "summary.md"))
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-        for ax, key, name in ((axes[0], "pass_at_1", "greedy pass@1 (test)"), (axes[1], "mean_reward", "mean reward (test)")):
-            for s in seeds:
-                xs = [0] + [p["step"] for p in s["eval"]]
-                ys = [sft.get(key)] + [p[key] for p in s["eval"]]
-                ax.plot(xs, [math.nan if y is None else y for y in ys], "o-", alpha=0.35, label=f"seed {s['seed']}")
-            mus = [stat(st, key) for st in steps]
-            xs = [0] + steps
-            mu = [sft.get(key)] + [m[0] for m in mus]
-            sd = [0.0] + [m[1] or 0.0 for m in mus]
-            mu = [math.nan if y is None else y for y in mu]
-            ax.plot(xs, mu, "k-", lw=2, label="mean")
-            ax.fill_between(xs, [a - b for a, b in zip(mu, sd)], [a + b for a, b in zip(mu, sd)], color="k", alpha=0.1)
-            ax.axhline(mu[0], color="r", ls="--", lw=1, label="SFT start")
-            ax.set_xlabel("PPO step")
-            ax.set_title(name)
-            ax.legend(fontsize=7)
-        c = res["sft"]["val_curve"]
-        axes[2].plot([p["step"] for p in c], [p["val_loss"] for p in c], "o-")
-        axes[2].set_xlabel("SFT step")
-        axes[2].set_title("SFT validation loss")
-        fig.suptitle(f"opforge learning run: {res['model']['params'] / 1e6:.2f}M-param Qwen2, "
-                     f"{res['corpus']['train']} train / {sft.get('tasks')} test tasks, device {res['device']}")
-        fig.tight_layout()
-        fig.savefig(os.path.join(out, "learning_run.png"), dpi=110)
+        plot(res, out, steps)
     except Exception as e:  # the numbers matter more than the picture
         log(f"plot failed: {e}")
     return table
+
+
+def plot(res, out, steps):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sft, seeds = res.get("sft_eval") or {}, res["seeds"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, key, name in ((axes[0], "pass_at_1", "greedy pass@1 (test)"), (axes[1], "mean_reward", "mean reward (test)")):
+        for s in seeds:
+            xs = [0] + [p["step"] for p in s["eval"]]
+            ys = [sft.get(key)] + [p[key] for p in s["eval"]]
+            ax.plot(xs, [math.nan if y is None else y for y in ys], "o-", alpha=0.35, label=f"seed {s['seed']}")
+        mus = [stat(seeds, st, key) for st in steps]
+        xs = [0] + steps
+        mu = [math.nan if y is None else y for y in [sft.get(key)] + [m[0] for m in mus]]
+        sd = [0.0] + [m[1] or 0.0 for m in mus]
+        ax.plot(xs, mu, "k-", lw=2, label="mean")
+        ax.fill_between(xs, [a - b for a, b in zip(mu, sd)], [a + b for a, b in zip(mu, sd)], color="k", alpha=0.1)
+        ax.axhline(mu[0], color="r", ls="--", lw=1, label="SFT start")
+        ax.set_xlabel("PPO step")
+        ax.set_title(name)
+        ax.legend(fontsize=7)
+    c = res["sft"]["val_curve"]
+    axes[2].plot([p["step"] for p in c], [p["val_loss"] for p in c], "o-")
+    axes[2].set_xlabel("SFT step")
+    axes[2].set_title("SFT validation loss")
+    params = (res.get("model") or {}).get("params") or 0
+    fig.suptitle(f"opforge learning run{' (partial)' if res['partial'] else ''}: {params / 1e6:.2f}M-param Qwen2, "
+                 f"{res['corpus']['train']} train / {sft.get('tasks')} test tasks, device {res['device']}")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "learning_run.png.tmp.png"), dpi=110)
+    os.replace(os.path.join(out, "learning_run.png.tmp.png"), os.path.join(out, "learning_run.png"))
+    plt.close(fig)
 
 
 # ---------------------------------------------------------------- main
@@ -347,18 +597,21 @@ CONFIGS = {
 }
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", help="an `opforge export` folder (plain JSONL shards with a test split)")
     ap.add_argument("--build-count", type=int, default=0,
                     help="no --corpus: build one with `opforge run --count N` + export (default: 12 with --small)")
     ap.add_argument("--test-fraction", type=float, default=0.5, help="export's share of test clusters (built corpus)")
     ap.add_argument("--split-seed", type=int, default=0)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", required=True, help="results and state; the same --out again resumes the run")
+    ap.add_argument("--opforge", default=OPFORGE, help="the opforge binary (opforge-trainer beside it)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--small", action="store_true", help="tiny smoke config (CPU, minutes)")
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--time-budget-s", type=float, default=1080, help="whole run, corpus build excluded")
+    ap.add_argument("--time-budget-s", type=float, default=1080, help="whole run over all calls, corpus build excluded")
+    ap.add_argument("--stop-after-s", type=float, default=0,
+                    help="end this call after a finished unit once the next would pass S s of it (0: never)")
     ap.add_argument("--sft-share", type=float, default=0.3, help="share of the budget for SFT")
     ap.add_argument("--test-tasks", type=int, default=0, help="test tasks evaluated (0: all; the goal wants >= 100)")
     ap.add_argument("--max-train-tasks", type=int, default=0)
@@ -372,103 +625,125 @@ def main():
     ap.add_argument("--judge-arg", action="append",
                     help="extra `opforge serve` options for the judge, e.g. '--trials 10 --budget-s 1' (repeatable)")
     ap.add_argument("--judge-per-command", action="store_true",
-                    help="let every train eval/ppo start its own judge (default: one opforge serve for the run)")
+                    help="let every train eval/ppo start its own judge (default: one opforge serve a call)")
     ap.add_argument("--bf16", action="store_true", help="pass --bf16 to sft and ppo (CUDA)")
     for k in ("hidden", "layers", "vocab", "ppo_steps", "eval_every", "ppo_batch", "rollouts", "sft_chunk",
               "sft_max_steps", "sft_batch"):
         ap.add_argument("--" + k.replace("_", "-"), type=int, help="override the config's " + k)
-    args = ap.parse_args()
-    args.out = os.path.abspath(args.out)
-    os.makedirs(args.out, exist_ok=True)
-    cfg = dict(CONFIGS["small" if args.small else "full"])
-    for k in list(cfg):
-        if getattr(args, k, None) is not None:
-            cfg[k] = getattr(args, k)
-    if args.small and not args.test_tasks:
-        args.test_tasks = 4
-    seeds = [int(s) for s in args.seeds.split(",") if s != ""]
+    return ap.parse_args()
 
-    corpus = args.corpus
-    if not corpus:
-        args.build_count = args.build_count or (12 if args.small else 600)
-        corpus = build_corpus(args, args.out)
-    T_start = time.time()
-    deadline = T_start + args.time_budget_s
+
+def check_fingerprint(run, train, test):
+    """What the finished units depend on must not change between calls: a mismatch is an error, not
+    a silently mixed run. Budget, stop-after, judge options and --verify may change."""
+    import hashlib
+
+    a = run.args
+    ids = lambda rs: hashlib.sha1("\n".join(str(r.get("id")) for r in rs).encode()).hexdigest()  # noqa: E731
+    fp = {"config": {k: v for k, v in run.cfg.items() if k != "max_new"}, "seeds": run.seeds, "device": a.device,
+          "train_ids": ids(train), "test_ids": ids(test), "sft_lr": a.sft_lr, "ppo_lr": a.ppo_lr,
+          "ppo_critic_lr": a.ppo_critic_lr, "kl_coef": a.kl_coef, "plateau": [a.plateau_rel, a.plateau_patience],
+          "bf16": a.bf16}
+    old = run.state.setdefault("fingerprint", fp)
+    diff = sorted(k for k in set(fp) | set(old) if fp.get(k) != old.get(k))
+    if diff:
+        raise SystemExit(f"{run.out} was started with other {', '.join(diff)}: use the same options or a new --out")
+    run.save()
+
+
+def prepare(run):
+    """Corpus, task files, reference check, model and SFT data: each once across calls."""
+    args, out = run.args, run.out
+    corpus = args.corpus or run.unit("corpus", lambda: build_corpus(args, out))
+    run.clock.start()  # the budget leaves the corpus build out
     recs = read_records(corpus)
-    train = [r for r in recs if r.get("split") == "train"]
-    test = [r for r in recs if r.get("split") == "test"]
-    if args.max_train_tasks:
-        train = train[:args.max_train_tasks]
-    if args.test_tasks:
-        test = test[:args.test_tasks]
+    train = [r for r in recs if r.get("split") == "train"][:args.max_train_tasks or None]
+    test = [r for r in recs if r.get("split") == "test"][:args.test_tasks or None]
     shared = {r.get("split_cluster") for r in train} & {r.get("split_cluster") for r in test}
     log(f"corpus {corpus}: {len(train)} train, {len(test)} test tasks; clusters on both sides: {len(shared)}")
     if not train or not test:
         raise SystemExit("need train and test records (export with --test-fraction > 0)")
     if len(test) < 100 and not args.small:
         log(f"WARNING: {len(test)} test tasks, the goal asks for >= 100")
-    train_tasks = os.path.join(args.out, "tasks_train.jsonl")
-    test_tasks = os.path.join(args.out, "tasks_test.jsonl")
-    write_jsonl(train_tasks, train)
-    write_jsonl(test_tasks, test)
-
-    res = {"device": args.device, "config": cfg, "args": vars(args), "corpus": {"dir": corpus, "train": len(train),
-                                                                               "test": len(test),
-                                                                               "shared_clusters": len(shared)}}
+    check_fingerprint(run, train, test)
+    run.corpus_info = {"dir": corpus, "train": len(train), "test": len(test), "shared_clusters": len(shared)}
+    tasks = {k: os.path.join(out, f"tasks_{k}.jsonl") for k in ("train", "test", "all")}
+    for k, rows in (("train", train), ("test", test), ("all", train + test)):
+        write_jsonl(tasks[k], rows)
     if args.verify:
-        res["reference_check"] = verify_references(train, args.out, args.verify, args.device)
+        run.unit("reference_check", lambda: verify_references(train, out, args.verify, args.device))
+    model = run.unit("model", lambda: make_model(out, model_texts(train), run.cfg, seed=0))
+    sft_train, sft_val = os.path.join(out, "sft_train.jsonl"), os.path.join(out, "sft_val.jsonl")
+    data = run.unit("sft_data", lambda: write_sft_data(run, train, model["dir"], sft_train, sft_val))
+    run.cfg["max_new"] = data["max_new"]
+    return model["dir"], sft_train, sft_val, tasks["train"], tasks["test"]
 
+
+def model_texts(train):
     from opforge.prompts import solve_messages
 
-    texts = [r["code"] for r in train] + [m["content"] for m in solve_messages("x", os.path.join(ROOT, "data"))]
-    model_dir, tok, nparams = make_model(args.out, texts, cfg, seed=0)
-    res["model"] = {"params": nparams, "vocab": len(tok)}
-    rows = sft_records(train)
-    ntok = [len(tok(tok.apply_chat_template(r["messages"], tokenize=False), add_special_tokens=False).input_ids)
-            for r in rows]
-    ans = [len(tok(r["messages"][-1]["content"]).input_ids) for r in rows]
-    cfg["max_new"] = int(max(ans) * 1.25) + 16
-    log(f"sft records: {len(rows)}, tokens per record max {max(ntok)} mean {sum(ntok) / len(ntok):.0f}; "
-        f"answers max {max(ans)} tokens -> max_new_tokens {cfg['max_new']}")
-    if max(ntok) > cfg["max_pos"]:
-        log(f"WARNING: records longer than max_position_embeddings {cfg['max_pos']} are cut")
-    nval = max(1, len(rows) // 10)
-    sft_train, sft_val = os.path.join(args.out, "sft_train.jsonl"), os.path.join(args.out, "sft_val.jsonl")
-    # Validation: the train split's last tenth by cluster order would be cleaner; records are in id
-    # order, so the last tenth is as good as random and never seen in training.
-    write_jsonl(sft_train, rows[:-nval] if len(rows) > nval else rows)
-    write_jsonl(sft_val, rows[-nval:])
+    return [r["code"] for r in train] + [m["content"] for m in solve_messages("x", os.path.join(ROOT, "data"))]
 
-    judge = None
-    if not args.judge_per_command:
-        both = os.path.join(args.out, "tasks_all.jsonl")
-        write_jsonl(both, train + test)
-        judge = start_judge(args, both, args.out)
+
+def lock_out(out):
+    """One call at a time on an --out: a second would train into the same checkpoints."""
+    fh = open(os.path.join(out, ".lock"), "w")
     try:
-        run_stages(args, cfg, res, model_dir, sft_train, sft_val, train_tasks, test_tasks, seeds, T_start, deadline)
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SystemExit(f"{out} is in use by another learning_run call")
+    return fh
+
+
+def main():
+    global OPFORGE, LOGFILE
+    args = parse_args()
+    args.out, OPFORGE = os.path.abspath(args.out), os.path.abspath(args.opforge)
+    os.makedirs(args.out, exist_ok=True)
+    lock = lock_out(args.out)  # noqa: F841 (held until exit)
+    LOGFILE = os.path.join(args.out, "learning_run.log")
+    cfg = dict(CONFIGS["small" if args.small else "full"])
+    cfg.update({k: getattr(args, k) for k in cfg if getattr(args, k, None) is not None})
+    if args.small and not args.test_tasks:
+        args.test_tasks = 4
+    if not args.corpus:
+        args.build_count = args.build_count or (12 if args.small else 600)
+    run = Run(args, cfg)
+    run.seeds, run.corpus_info = [int(s) for s in args.seeds.split(",") if s != ""], None
+    signal.signal(signal.SIGTERM, on_sigterm)
+    log(f"call {run.clock.calls} on {args.out} ({run.clock.before:.0f}s of {args.time_budget_s:.0f}s spent before)")
+    try:
+        paths = prepare(run)
+        run_stages(run, *paths, run.seeds)
+    except Stop as e:
+        run.stopped = str(e)
+        log(f"this call ends here ({e}); the same command goes on")
+    except BaseException as e:
+        run.stopped = f"error: {e!r}"[:300]
+        raise
     finally:
-        if judge:
-            judge.terminate()
-            judge.wait(timeout=60)
+        end_call(run)
+    return 3 if run.stopped else 0
 
 
-def run_stages(args, cfg, res, model_dir, sft_train, sft_val, train_tasks, test_tasks, seeds, T_start, deadline):
-    sft_model, res["sft"] = run_sft(args, cfg, model_dir, sft_train, sft_val, args.out,
-                                    T_start + args.sft_share * args.time_budget_s)
-    res["sft_eval"] = run_eval(args, cfg, sft_model, test_tasks, os.path.join(args.out, "eval_sft.jsonl"))
-    res["seeds"] = []
-    for i, seed in enumerate(seeds):
-        left = deadline - time.time()
-        share = time.time() + left / (len(seeds) - i)
-        res["seeds"].append(run_ppo_seed(args, cfg, sft_model, train_tasks, test_tasks, args.out, seed, share))
-        with open(os.path.join(args.out, "results.json"), "w") as f:
-            json.dump(res, f, indent=1)
-    res["wall_s"] = time.time() - T0
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(res, f, indent=1)
-    print(report(res, args.out))
-    log(f"done in {res['wall_s']:.0f}s: {args.out}/results.json, learning_run.png, summary.md")
+def end_call(run):
+    """Whatever happened: the clock saved, the results written with what is done, the judge stopped
+    (last: on SIGTERM it finishes the answers in flight first, 18 s in the CPU smoke run)."""
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if run.clock.t0:
+        run.clock.save()
+    if run.corpus_info:
+        print(write_report(run), flush=True)
+        log(f"{'partial' if results(run)['partial'] else 'done'}: {run.clock.spent():.0f}s of run time over "
+            f"{run.clock.calls} call(s): {run.out}/results.json, learning_run.png, summary.md")
+    if run.judge:
+        run.judge.terminate()
+        try:
+            run.judge.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            run.judge.kill()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
