@@ -5,8 +5,8 @@ opforge-trainer and transformers (eager PyTorch) side by side in the same call, 
 memory of each.
 
     python3 bench/trainer_gpu.py OPFORGE_TRAINER WORK_DIR [--device cuda|cpu] [--small] [--seq L]
-        [--batch B] [--new-tokens N] [--steps S] [--repeats R] [--settings fp32,bf16,bf16-ckpt]
-        [--out results.json]
+        [--batch B] [--new-tokens N] [--steps S] [--repeats R] [--gen-budget S]
+        [--settings fp32,bf16,bf16-ckpt] [--out results.json]
 
 Run from the repo root by the python opforge was configured with (it imports python/opforge/
 tokenizer.py, the tokenization opforge runs, and tests/python/chat_fixture.py). Nothing is
@@ -17,10 +17,15 @@ thousand tokens: the config's vocab_size stays 151936, as Qwen2.5's exceeds its 
 --small is a 2-layer, 64-wide model with the same vocabulary and every code path of the full one,
 for a CPU smoke test.
 
-Generation, batch 1, greedy, from the same prompt ids: opforge is timed as whole processes,
-`generate --max-new-tokens N` against `--max-new-tokens 1` (same start and load), so tokens/s =
-(tokens(N) - tokens(1)) / (t(N) - t(1)), median of R pairs; transformers' model.generate (the
-same folder, sdpa, min_new_tokens=N) by the same difference after a warm-up. opforge generates in
+Generation, batch 1, greedy, from the same prompt ids: opforge runs one `generate
+--max-new-tokens 1` process and R `--max-new-tokens N` processes, and tokens/s = (tokens(N) -
+tokens(1)) / (t(N) - t(1)) of the generation seconds each process reports in its --json (after
+load and tokenizer, so process starts do not enter it), median of the repeats; its debug log's
+phases (model load, tokenizer start, generation, decode) say what a process's start is made of.
+transformers' model.generate (the same folder, sdpa, min_new_tokens=N) by the same difference after
+a warm-up. --gen-budget S (default 60 on cuda) bounds each side's repeats: once one would not fit,
+opforge's next runs with the tokens that fit (at least 32) or is skipped, transformers' is skipped;
+the first repeat always runs. opforge generates in
 bfloat16 on CUDA (float32 on the CPU): transformers is loaded in the same dtype. The eos token's
 embedding row is zeroed so that greedy decoding of the random model never stops early (tied
 embeddings: its logit is exactly 0, below the maximum of 151935 random ones); finish is checked.
@@ -52,11 +57,12 @@ Output: markdown tables on stdout (training: a row group per setting), everythin
 (default WORK_DIR/results.json; training under "train", one entry per setting), progress on
 stderr, each opforge process's stderr in WORK_DIR/logs/. The exit status is 1 when a setting's
 first-step losses disagree beyond its tolerance. Defaults (L 1024, B 4, N 512, S 6, R 3, all three
-settings) are sized to finish inside 300 s on one H200 (estimated, not yet measured: ~230 s;
-~15 s making the model, ~45 s of opforge generate processes, 3 x ~25 s for sft processes, each
-with its final checkpoint of ~8 GB (float32 weights, AdamW state, model), ~60 s for transformers'
-generation and 3 x ~10 s for its training steps); each opforge process is also bounded by a
-timeout.
+settings, --gen-budget 60) are sized to finish inside ~240 s on one H200 (estimated, not yet
+measured: ~15 s making the model, ~20 s for the 1-token opforge process and up to ~60 s of N-token
+ones, 3 x ~25 s for sft processes, each with its final checkpoint of ~8 GB (float32 weights, AdamW
+state, model), up to ~60 s for transformers' generation and 3 x ~10 s for its training steps; a
+first run of opforge generate at the old ~65 ms a token took ~70 s alone); each opforge process
+is also bounded by a timeout.
 """
 import argparse
 import contextlib
@@ -284,34 +290,58 @@ def sync(device):
 
 # --- opforge -----------------------------------------------------------------------------------
 
+def phases(log_file):
+    """The phase times an opforge generate process logs at --log-level debug (main.cpp), or None."""
+    for line in open(log_file, errors="replace"):
+        if "generate phases: " in line:
+            return line.split("generate phases: ", 1)[1].strip()
+    return None
+
+
+def opforge_generate_once(a, d, logs, n, tag, timeout):
+    cmd = [a.trainer, "--log-level", "debug", "generate", "--model", d, "--prompt", PROMPT, "--max-new-tokens", str(n),
+           "--greedy", "--device", a.device, "--json"]
+    log_file = os.path.join(logs, f"opforge_generate_{tag}.log")
+    out, wall, peak = run_opforge(cmd, log_file, timeout, a.device)
+    j = json.loads(out.strip().splitlines()[-1])
+    res = {"wall": wall, "gen_seconds": j["seconds"], "tokens": len(j["ids"]), "finish": j["finish"], "peak_gib": peak,
+           "ids": j["ids"], "prompt_ids": j["prompt_ids"], "phases": phases(log_file)}
+    log(f"opforge generate {tag}: {res['tokens']} tokens ({res['finish']}), process {wall:.1f} s, generation "
+        f"{res['gen_seconds']:.2f} s; {res['phases']}")
+    return res
+
+
 def opforge_generate(a, d, logs):
-    runs, pairs = [], []
+    """One 1-token process, then up to R N-token processes inside --gen-budget seconds: tokens/s =
+    (tokens(N) - tokens(1)) / (seconds(N) - seconds(1)) of the generation time each process reports
+    (its --json `seconds`: after load and tokenizer), so neither process start enters it. A repeat
+    that would not fit the budget is skipped, or run with fewer tokens when at least 32 fit."""
+    t0 = time.time()
+    one = opforge_generate_once(a, d, logs, 1, "n1", 300)
+    runs, n = [], a.new_tokens
     for r in range(a.repeats):
-        res = {}
-        for n in (a.new_tokens, 1):
-            cmd = [a.trainer, "generate", "--model", d, "--prompt", PROMPT, "--max-new-tokens", str(n), "--greedy",
-                   "--device", a.device, "--json"]
-            out, wall, peak = run_opforge(cmd, os.path.join(logs, f"opforge_generate_n{n}_r{r}.log"), 300, a.device)
-            j = json.loads(out.strip().splitlines()[-1])
-            res[n] = {"seconds": wall, "tokens": len(j["ids"]), "finish": j["finish"], "peak_gib": peak}
-            if n == a.new_tokens:
-                res["ids"], res["prompt_ids"] = j["ids"], j["prompt_ids"]
-        dt = res[a.new_tokens]["seconds"] - res[1]["seconds"]
-        # dt <= 0: the process start varied more than the generation took (too few --new-tokens).
-        tps = (res[a.new_tokens]["tokens"] - res[1]["tokens"]) / dt if dt > 0 else None
-        pairs.append(tps)
+        res = opforge_generate_once(a, d, logs, n, f"n{n}_r{r}", 300)
+        dt = res["gen_seconds"] - one["gen_seconds"]
+        res["tokens_per_s"] = (res["tokens"] - one["tokens"]) / dt if dt > 0 else None
         runs.append(res)
-        log(f"opforge generate {r + 1}/{a.repeats}: {res[a.new_tokens]['tokens']} tokens "
-            f"({res[a.new_tokens]['finish']}) in {res[a.new_tokens]['seconds']:.2f} s, 1 token in "
-            f"{res[1]['seconds']:.2f} s: {fmt(tps, 1)} tokens/s")
-    last = runs[-1]
-    short = [r[a.new_tokens]["finish"] for r in runs if r[a.new_tokens]["finish"] != "length"]
+        log(f"opforge generate {r + 1}/{a.repeats}: {fmt(res['tokens_per_s'], 1)} tokens/s")
+        left = a.gen_budget - (time.time() - t0) if a.gen_budget else float("inf")
+        per_token = dt / max(res["tokens"] - one["tokens"], 1)
+        if r + 1 < a.repeats and res["wall"] > left:
+            n = min(a.new_tokens, int((left - one["wall"]) / per_token)) if per_token > 0 else 0
+            if n < 32:
+                log(f"opforge generate: {a.repeats - r - 1} repeat(s) skipped (--gen-budget {a.gen_budget} s)")
+                break
+            log(f"opforge generate: the next repeat makes {n} tokens to fit --gen-budget {a.gen_budget} s")
+    last, pairs = runs[0], [r["tokens_per_s"] for r in runs]
+    short = [r["finish"] for r in runs if r["finish"] != "length"]
     return {"tokens_per_s": med([x for x in pairs if x is not None]), "tokens_per_s_runs": pairs,
-            "new_tokens": last[a.new_tokens]["tokens"],
-            "finish": last[a.new_tokens]["finish"], "early_stops": len(short),
-            "process_seconds_n": med([r[a.new_tokens]["seconds"] for r in runs]),
-            "process_seconds_1": med([r[1]["seconds"] for r in runs]),
-            "peak_gib": max((r[a.new_tokens]["peak_gib"] or 0) for r in runs) or None,
+            "new_tokens": last["tokens"], "new_tokens_runs": [r["tokens"] for r in runs],
+            "finish": last["finish"], "early_stops": len(short),
+            "process_seconds_n": med([r["wall"] for r in runs]), "process_seconds_1": one["wall"],
+            "gen_seconds_n": med([r["gen_seconds"] for r in runs]), "gen_seconds_1": one["gen_seconds"],
+            "phases_1": one["phases"], "phases_n": last["phases"],
+            "peak_gib": max((r["peak_gib"] or 0) for r in runs) or None,
             "dtype": "bfloat16" if a.device == "cuda" else "float32"}, last["prompt_ids"], last["ids"]
 
 
@@ -382,7 +412,7 @@ def hf_generate(a, d, prompt_ids):
     gen(min(8, a.new_tokens))  # warm-up
     if dev == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    pairs, full = [], []
+    pairs, full, t0 = [], [], time.time()
     with GpuMem(dev == "cuda") as mem:
         for r in range(a.repeats):
             tn, toks = gen(a.new_tokens)
@@ -391,6 +421,9 @@ def hf_generate(a, d, prompt_ids):
             full.append(len(toks) / tn)
             log(f"transformers generate {r + 1}/{a.repeats}: {len(toks)} tokens in {tn:.2f} s, 1 in {t1:.3f} s: "
                 f"{fmt(pairs[-1], 1)} tokens/s")
+            if a.gen_budget and r + 1 < a.repeats and time.time() - t0 + tn + t1 > a.gen_budget:
+                log(f"transformers generate: {a.repeats - r - 1} repeat(s) skipped (--gen-budget {a.gen_budget} s)")
+                break
     res = {"tokens_per_s": med([x for x in pairs if x is not None]), "tokens_per_s_runs": pairs,
            "tokens_per_s_with_prefill": med(full),
            "new_tokens": len(toks), "dtype": str(dtype).replace("torch.", ""),
@@ -483,7 +516,8 @@ def report(a, R):
              f"({'small' if a.small else 'Qwen2.5-0.5B shape'}), {a.device} "
              f"({R['device_name']}), torch {R['torch']}, transformers {R['transformers']}", "",
              f"Generation, batch 1, greedy, prompt {len(R['prompt_ids'])} tokens, {a.new_tokens} new tokens "
-             f"(tokens/s = (tokens(N) - tokens(1)) / (t(N) - t(1)), median of {a.repeats}):", "",
+             f"(tokens/s = (tokens(N) - tokens(1)) / (t(N) - t(1)), median of the repeats that fit "
+             f"--gen-budget {a.gen_budget or '-'} s; opforge: generation seconds each process reports):", "",
              "| | opforge | transformers | opforge / transformers |", "|---|---|---|---|",
              f"| tokens/s | {fmt(og['tokens_per_s'], 1)} | {fmt(hg['tokens_per_s'], 1)} | "
              f"{ratio(og['tokens_per_s'], hg['tokens_per_s'])} |",
@@ -496,6 +530,8 @@ def report(a, R):
              f"(max allocated {fmt(hg['peak_gib'])}) | {ratio(og['peak_gib'], hg['peak_gib_smi'])} |"
              if a.device == "cuda" else f"| peak RSS GiB | {fmt(og['peak_gib'])} | - | |",
              f"| process s, N / 1 token | {fmt(og['process_seconds_n'], 2)} / {fmt(og['process_seconds_1'], 2)} | | |",
+             f"| generation s, N / 1 token | {fmt(og['gen_seconds_n'], 2)} / {fmt(og['gen_seconds_1'], 2)} | | |",
+             f"| 1-token process phases | {og['phases_1'] or '-'} | | |",
              "", f"Greedy ids equal for the first {R['leading_equal']} of {a.new_tokens} tokens "
              f"({'bf16: near-ties may differ' if a.device == 'cuda' else 'float32'})."]
     lines += ["", f"Training step (forward + backward + AdamW + clip), batch {a.batch} x {a.seq} tokens, "
@@ -530,7 +566,7 @@ def report(a, R):
               f"{first['float32_matmul_precision']}); bf16 = opforge --bf16 (at::autocast), transformers "
               "torch.autocast(bfloat16) around forward + loss; bf16-ckpt = bf16 plus opforge --grad-checkpoint, "
               "transformers gradient_checkpointing_enable(use_reentrant=True). Both: attention SDPA (opforge "
-              "at::scaled_dot_product_attention with a boolean mask, transformers sdpa), use_cache off, "
+              "at::scaled_dot_product_attention with a padding mask, transformers sdpa), use_cache off, "
               f"AdamW (libtorch's; transformers {first['optimizer']}), clip {CLIP}, batch x seq {a.batch} x {a.seq}.",
               "", f"Total {R['total_seconds']:.0f} s."]
     return "\n".join(lines)
@@ -547,6 +583,9 @@ def main():
     ap.add_argument("--new-tokens", type=int, help="generated tokens (default 512; --small 16)")
     ap.add_argument("--steps", type=int, help="training steps, the first a warm-up (default 6; --small 3)")
     ap.add_argument("--repeats", type=int, default=3, help="generation timings (median)")
+    ap.add_argument("--gen-budget", type=float,
+                    help="seconds each side's generation timing may take: later repeats are skipped or shortened "
+                         "to fit (default 60 on cuda, 0 = none on the CPU)")
     ap.add_argument("--settings", default=",".join(SETTINGS),
                     help=f"training settings, comma-separated, of {', '.join(SETTINGS)} (default all)")
     ap.add_argument("--seed", type=int, default=0)
@@ -555,6 +594,8 @@ def main():
     for k, full, small in (("seq", 1024, 64), ("batch", 4, 2), ("new_tokens", 512, 16), ("steps", 6, 3)):
         if getattr(a, k) is None:
             setattr(a, k, small if a.small else full)
+    if a.gen_budget is None:
+        a.gen_budget = 60.0 if a.device == "cuda" else 0.0
     assert a.new_tokens > 1 and a.steps >= 2 and a.repeats >= 1
     a.settings = [x.strip() for x in a.settings.split(",") if x.strip()]
     bad = [x for x in a.settings if x not in SETTINGS]

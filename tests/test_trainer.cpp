@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -148,6 +149,45 @@ TEST_F(Trainer, GreedyGenerateMatchesTransformersTokenForToken) {
   auto both = generate(m, {a, b}, o);
   EXPECT_EQ(both[0].tokens, generate(m, {a}, o)[0].tokens);
   EXPECT_EQ(both[1].tokens, generate(m, {b}, o)[0].tokens);
+}
+
+// No mask (every token real, what generate passes for prompts of one length) is the all-ones mask:
+// a causal prefill, a cached decode step and a chunk after cached tokens.
+TEST_F(Trainer, AForwardWithoutAMaskIsOneWithAnAllOnesMask) {
+  CausalLM m = CausalLM::load(model("qwen2"), at::kCPU);
+  at::InferenceMode guard;
+  at::Tensor ids = reference("qwen2")["ids"];
+  const int64_t B = ids.size(0);
+  EXPECT_LT(max_diff(m.forward(ids, at::Tensor()), m.forward(ids, at::ones_like(ids))), 1e-5);
+  KvCache with = m.make_cache(B, 11), without = m.make_cache(B, 11);
+  for (auto [from, n] : {std::pair<int64_t, int64_t>{0, 6}, {6, 1}, {7, 4}}) {
+    at::Tensor a = m.forward(ids.narrow(1, from, n), at::ones({B, from + n}, at::kLong), &with);
+    at::Tensor b = m.forward(ids.narrow(1, from, n), at::Tensor(), &without);
+    EXPECT_LT(max_diff(a, b), 1e-5) << "tokens " << from << ".." << from + n;
+  }
+}
+
+// A row that stops keeps being fed its own tokens while the others go on: they get what they get
+// alone, with and without left padding; generation leaves cuDNN's attention setting as it was.
+TEST_F(Trainer, ARowThatStopsEarlyLeavesTheOthersAsTheyAreAlone) {
+  CausalLM m = CausalLM::load(model("llama"), at::kCPU);
+  SampleOptions o;
+  o.greedy = true;
+  o.max_new_tokens = 10;
+  std::vector<int64_t> a = {5, 9, 30, 41, 7, 2, 8}, same = {4, 12, 6, 19, 33, 1, 3}, shorter = {17, 3};
+  const bool cudnn = at::globalContext().userEnabledCuDNNSDP();
+  for (const auto& other : {same, shorter}) {
+    auto alone = generate(m, {a}, o)[0].tokens;
+    SampleOptions stop = o;
+    stop.stop_ids = {generate(m, {other}, o)[0].tokens.at(2)};  // the other row stops at its third token
+    auto both = generate(m, {a, other}, stop);
+    ASSERT_LE(both[1].tokens.size(), 3u);
+    EXPECT_EQ(both[1].finish, "stop");
+    auto cut = std::find(alone.begin(), alone.end(), stop.stop_ids[0]);
+    EXPECT_EQ(both[0].tokens, std::vector<int64_t>(alone.begin(), cut == alone.end() ? cut : cut + 1))
+        << (other.size() == a.size() ? "no padding" : "left padding");
+  }
+  EXPECT_EQ(at::globalContext().userEnabledCuDNNSDP(), cudnn);
 }
 
 TEST_F(Trainer, SamplingIsSeededAndRecordsTheLogprobOfEachToken) {

@@ -58,19 +58,31 @@ int run_serve(const GenerateArgs& a) {
 #endif
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 int run_generate(GenerateArgs& a) {
   if (a.serve) return run_serve(a);
   OPFORGE_CHECK(!a.prompt.empty(), "generate: --prompt is required (or --serve)");
+  // Each phase is timed (--log-level debug): what a process's start is made of, apart from tokens.
+  auto t0 = std::chrono::steady_clock::now();
   CausalLM model = CausalLM::load(a.model, device_named(a.device));
-  Tokenizer tok(a.model);
+  const double load_s = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  Tokenizer tok(a.model);  // starts the embedded Python, which imports transformers (and torch)
   std::vector<int64_t> prompt = a.chat ? tok.encode_chat(json::array({{{"role", "user"}, {"content", a.prompt}}}))
                                        : tok.encode(a.prompt);
+  const double tokenizer_s = seconds_since(t0);
   if (auto eos = tok.eos_id()) a.sample.stop_ids.push_back(*eos);
   if (auto pad = tok.pad_id()) a.sample.pad_id = *pad;
-  auto t0 = std::chrono::steady_clock::now();
+  t0 = std::chrono::steady_clock::now();
   Generation g = generate(model, {prompt}, a.sample).front();
-  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  double secs = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
   std::string text = tok.decode(g.tokens);
+  spdlog::debug("generate phases: model load {:.3f} s ({}), tokenizer start and encode {:.3f} s, {} tokens in "
+                "{:.3f} s, decode {:.3f} s", load_s, a.device, tokenizer_s, g.tokens.size(), secs, seconds_since(t0));
   if (a.as_json) {
     std::cout << json{{"prompt_ids", prompt}, {"ids", g.tokens}, {"logprobs", g.logprobs}, {"text", text},
                       {"finish", g.finish}, {"seconds", secs}}.dump()

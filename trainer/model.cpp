@@ -87,12 +87,29 @@ CausalLM CausalLM::load(const fs::path& dir, const at::Device& device, std::opti
     m.w_[name] = t.to(device, m.dtype_);
   }
   if (m.cfg_.tie_embeddings) m.w_.erase("lm_head.weight");
-  // Every weight the forward reads must be there: w() names the first missing one.
-  m.w("model.embed_tokens.weight");
-  m.w("model.norm.weight");
-  for (int64_t i = 0; i < m.cfg_.layers; ++i) m.w(fmt::format("model.layers.{}.mlp.down_proj.weight", i));
-  if (!m.cfg_.tie_embeddings) m.w("lm_head.weight");
+  m.bind_weights();
   return m;
+}
+
+// Every weight the forward reads must be there: w() names the first missing one.
+void CausalLM::bind_weights() {
+  embed_ = w("model.embed_tokens.weight");
+  norm_ = w("model.norm.weight");
+  head_ = cfg_.tie_embeddings ? embed_ : w("lm_head.weight");
+  layers_.clear();
+  for (int64_t i = 0; i < cfg_.layers; ++i) {
+    const std::string p = fmt::format("model.layers.{}.", i), a = p + "self_attn.", f = p + "mlp.";
+    layers_.push_back({w(p + "input_layernorm.weight"), w(p + "post_attention_layernorm.weight"),
+                       w(a + "q_proj.weight"), maybe(a + "q_proj.bias"), w(a + "k_proj.weight"), maybe(a + "k_proj.bias"),
+                       w(a + "v_proj.weight"), maybe(a + "v_proj.bias"), w(a + "o_proj.weight"), maybe(a + "o_proj.bias"),
+                       w(f + "gate_proj.weight"), maybe(f + "gate_proj.bias"), w(f + "up_proj.weight"),
+                       maybe(f + "up_proj.bias"), w(f + "down_proj.weight"), maybe(f + "down_proj.bias")});
+  }
+  // The rotary inverse frequencies, once (transformers keeps them as a buffer too), by the
+  // formula the forward used to evaluate every call: the same float32 values.
+  const int64_t d = cfg_.head_dim;
+  at::Tensor even = at::arange(0, d, 2, at::TensorOptions().device(device_).dtype(at::kLong)).to(at::kFloat);
+  inv_freq_ = 1.0 / at::pow(cfg_.rope_theta, even / static_cast<double>(d));
 }
 
 const at::Tensor& CausalLM::w(const std::string& name) const {
@@ -101,9 +118,9 @@ const at::Tensor& CausalLM::w(const std::string& name) const {
   return it->second;
 }
 
-const at::Tensor* CausalLM::maybe(const std::string& name) const {
+at::Tensor CausalLM::maybe(const std::string& name) const {
   auto it = w_.find(name);
-  return it == w_.end() ? nullptr : &it->second;
+  return it == w_.end() ? at::Tensor() : it->second;
 }
 
 KvCache CausalLM::make_cache(int64_t batch, int64_t capacity) const {

@@ -52,11 +52,17 @@ class CausalLM {
 
   // Logits [B, T, vocab] (in the model's dtype) for `ids` [B, T]. `mask` [B, past + T] holds 1 for
   // real tokens and 0 for padding; positions count real tokens only, so left-padded prompts and
-  // right-padded training rows get the positions they would have alone. With a cache, keys and
-  // values are appended to it (it must have room: make_cache).
+  // right-padded training rows get the positions they would have alone. An undefined `mask` says
+  // that every token is real: positions are column numbers and attention is causal with no mask
+  // tensor at all (what transformers runs for unpadded input; on CUDA it lets SDPA take flash
+  // attention, which accepts no mask). With a cache, keys and values are appended to it (it must
+  // have room: make_cache).
   at::Tensor forward(const at::Tensor& ids, const at::Tensor& mask, KvCache* cache = nullptr) const;
   // The last layer's normed hidden states [B, T, hidden]: what the logits and a critic's value head read.
   at::Tensor hidden(const at::Tensor& ids, const at::Tensor& mask, KvCache* cache = nullptr) const;
+  // Logits of hidden states (the output projection alone): generation projects only the last
+  // position, as transformers' generate does (logits_to_keep=1), not the whole prompt.
+  at::Tensor logits(const at::Tensor& hidden) const { return at::linear(hidden, head_); }
   KvCache make_cache(int64_t batch, int64_t capacity) const;
 
   std::vector<at::Tensor> parameters() const;  // every trainable tensor (tied weights once)
@@ -75,10 +81,21 @@ class CausalLM {
                    const at::Tensor& attn_mask, KvCache* cache) const;
   at::Tensor attention(int64_t i, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                        const at::Tensor& attn_mask, KvCache* cache) const;
+  // The tensors of one decoder layer, looked up once at load: a forward pass would otherwise
+  // format and find ~16 names a layer. Handles sharing the map's tensors (in-place updates and
+  // requires_grad reach both); an undefined bias is an absent one.
+  struct LayerWeights {
+    at::Tensor in_norm, post_norm, q, q_b, k, k_b, v, v_b, o, o_b, gate, gate_b, up, up_b, down, down_b;
+  };
+  void bind_weights();
+  std::pair<at::Tensor, at::Tensor> rotary(const at::Tensor& pos) const;
   const at::Tensor& w(const std::string& name) const;
-  const at::Tensor* maybe(const std::string& name) const;
+  at::Tensor maybe(const std::string& name) const;
   LmConfig cfg_;
   std::map<std::string, at::Tensor> w_;
+  std::vector<LayerWeights> layers_;
+  at::Tensor embed_, norm_, head_;
+  at::Tensor inv_freq_;  // rotary inverse frequencies [head_dim / 2], float32 on the device
   std::filesystem::path src_;
   at::Device device_{at::kCPU};
   at::ScalarType dtype_ = at::kFloat;

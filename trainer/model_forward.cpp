@@ -5,6 +5,8 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <fstream>
+#include <limits>
+#include <optional>
 #include <set>
 
 #include "model.h"
@@ -28,20 +30,25 @@ at::Tensor rotate_half(const at::Tensor& x) {
   return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor* b) {
-  return b ? at::linear(x, w, *b) : at::linear(x, w);
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+  return b.defined() ? at::linear(x, w, b) : at::linear(x, w);
 }
 
 // Which keys each query may see: earlier-or-same positions that are real tokens. A query always
 // sees itself, so a padding query's row is never all masked (SDPA would give NaN, and NaN values
-// times a zero weight still poison the real rows).
-at::Tensor attention_mask(const at::Tensor& mask, int64_t past, int64_t T) {
+// times a zero weight still poison the real rows). Additive (0 / -inf in `dtype`) when `dtype` is
+// given: SDPA turns a boolean mask into exactly that in every layer, so converting once here
+// saves each layer the conversion and gives identical results.
+at::Tensor attention_mask(const at::Tensor& mask, int64_t past, int64_t T, std::optional<at::ScalarType> dtype) {
   int64_t L = mask.size(1);
   auto opts = at::TensorOptions().device(mask.device()).dtype(at::kLong);
   at::Tensor q = at::arange(past, past + T, opts).unsqueeze(1);  // [T, 1]
   at::Tensor k = at::arange(0, L, opts).unsqueeze(0);            // [1, L]
   at::Tensor allowed = (k <= q).unsqueeze(0) & mask.to(at::kBool).unsqueeze(1);  // [B, T, L]
-  return (allowed | (k == q).unsqueeze(0)).unsqueeze(1);                          // [B, 1, T, L]
+  allowed = (allowed | (k == q).unsqueeze(0)).unsqueeze(1);                       // [B, 1, T, L]
+  if (!dtype) return allowed;
+  return at::zeros(allowed.sizes(), allowed.options().dtype(*dtype))
+      .masked_fill_(allowed.logical_not(), -std::numeric_limits<double>::infinity());
 }
 
 }  // namespace
@@ -99,50 +106,63 @@ Autocast::~Autocast() {
 }
 
 at::Tensor CausalLM::forward(const at::Tensor& ids, const at::Tensor& mask, KvCache* cache) const {
-  return at::linear(hidden(ids, mask, cache), cfg_.tie_embeddings ? w("model.embed_tokens.weight") : w("lm_head.weight"));
+  return logits(hidden(ids, mask, cache));
 }
 
-at::Tensor CausalLM::hidden(const at::Tensor& ids, const at::Tensor& mask, KvCache* cache) const {
-  const int64_t T = ids.size(1), past = cache ? cache->length : 0;
-  TORCH_CHECK(mask.dim() == 2 && mask.size(0) == ids.size(0) && mask.size(1) == past + T,
-              "forward: mask must be [batch, past + tokens] = [", ids.size(0), ", ", past + T, "], got ", mask.sizes());
+// cos and sin [B or 1, 1, T, head_dim] of positions [B or 1, T], in the model's dtype (as transformers).
+std::pair<at::Tensor, at::Tensor> CausalLM::rotary(const at::Tensor& pos) const {
+  at::Tensor freqs = pos.to(at::kFloat).unsqueeze(-1) * inv_freq_;  // [B, T, d/2]
+  at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);        // [B, 1, T, d]
+  return {emb.cos().to(dtype_), emb.sin().to(dtype_)};
+}
+
+at::Tensor CausalLM::hidden(const at::Tensor& ids, const at::Tensor& mask_in, KvCache* cache) const {
+  const int64_t B = ids.size(0), T = ids.size(1), past = cache ? cache->length : 0;
   TORCH_CHECK(!cache || cache->k.empty() || cache->k[0].size(2) >= past + T, "forward: the KV cache is full");
-  // Positions count real tokens only (transformers' generate does the same for left padding).
-  at::Tensor pos = (mask.to(at::kLong).cumsum(1) - 1).clamp_min(0).narrow(1, past, T);
-  auto f32 = at::TensorOptions().device(device_).dtype(at::kFloat);
-  at::Tensor inv = 1.0 / at::pow(cfg_.rope_theta, at::arange(0, cfg_.head_dim, 2, f32.dtype(at::kLong)).to(at::kFloat) /
-                                                      static_cast<double>(cfg_.head_dim));
-  at::Tensor freqs = pos.to(at::kFloat).unsqueeze(-1) * inv;  // [B, T, d/2]
-  at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);   // [B, 1, T, d]
-  at::Tensor cos = emb.cos().to(dtype_), sin = emb.sin().to(dtype_);
-  at::Tensor amask = attention_mask(mask.to(device_), past, T);
-  at::Tensor x = at::embedding(w("model.embed_tokens.weight"), ids.to(device_));
+  // No mask: every token real. A chunk after cached tokens still needs one (SDPA's is_causal
+  // aligns the diagonal to the first key, not to the query's position).
+  at::Tensor mask = mask_in;
+  if (!mask.defined() && T > 1 && past > 0) mask = at::ones({B, past + T}, ids.options().device(device_).dtype(at::kLong));
+  TORCH_CHECK(!mask.defined() || (mask.dim() == 2 && mask.size(0) == B && mask.size(1) == past + T),
+              "forward: mask must be [batch, past + tokens] = [", B, ", ", past + T, "], got ", mask.sizes());
+  at::Tensor pos, amask;
+  if (mask.defined()) {
+    mask = mask.to(device_);
+    // Positions count real tokens only (transformers' generate does the same for left padding).
+    pos = (mask.to(at::kLong).cumsum(1) - 1).clamp_min(0).narrow(1, past, T);
+    // Under autocast SDPA's inputs change dtype, so its own conversion of a boolean mask is kept.
+    const bool additive = !at::autocast::is_autocast_enabled(device_.type());
+    amask = attention_mask(mask, past, T, additive ? std::optional<at::ScalarType>(dtype_) : std::nullopt);
+  } else {
+    pos = at::arange(past, past + T, at::TensorOptions().device(device_).dtype(at::kLong)).unsqueeze(0);
+  }
+  auto [cos, sin] = rotary(pos);
+  at::Tensor x = at::embedding(embed_, ids.to(device_));
   const bool recompute = checkpointing_ && !cache && at::GradMode::is_enabled();
   for (int64_t i = 0; i < cfg_.layers; ++i)
     x = recompute ? LayerCheckpoint::apply(x, cos, sin, amask, this, i) : layer(i, x, cos, sin, amask, cache);
   if (cache) cache->length += T;
-  return rms_norm(x, w("model.norm.weight"), cfg_.rms_eps);
+  return rms_norm(x, norm_, cfg_.rms_eps);
 }
 
 at::Tensor CausalLM::layer(int64_t i, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                            const at::Tensor& amask, KvCache* cache) const {
-  const std::string p = fmt::format("model.layers.{}.", i);
-  at::Tensor h = x + attention(i, rms_norm(x, w(p + "input_layernorm.weight"), cfg_.rms_eps), cos, sin, amask, cache);
-  at::Tensor n = rms_norm(h, w(p + "post_attention_layernorm.weight"), cfg_.rms_eps);
-  at::Tensor gate = linear(n, w(p + "mlp.gate_proj.weight"), maybe(p + "mlp.gate_proj.bias"));
-  at::Tensor up = linear(n, w(p + "mlp.up_proj.weight"), maybe(p + "mlp.up_proj.bias"));
-  return h + linear(at::silu(gate) * up, w(p + "mlp.down_proj.weight"), maybe(p + "mlp.down_proj.bias"));
+  const LayerWeights& L = layers_[static_cast<std::size_t>(i)];
+  at::Tensor h = x + attention(i, rms_norm(x, L.in_norm, cfg_.rms_eps), cos, sin, amask, cache);
+  at::Tensor n = rms_norm(h, L.post_norm, cfg_.rms_eps);
+  at::Tensor gate = linear(n, L.gate, L.gate_b), up = linear(n, L.up, L.up_b);
+  return h + linear(at::silu(gate) * up, L.down, L.down_b);
 }
 
+// `amask` undefined: every key before and at the query is real (causal, no mask tensor).
 at::Tensor CausalLM::attention(int64_t i, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                const at::Tensor& amask, KvCache* cache) const {
-  const std::string p = fmt::format("model.layers.{}.self_attn.", i);
+  const LayerWeights& L = layers_[static_cast<std::size_t>(i)];
   const int64_t B = x.size(0), T = x.size(1), d = cfg_.head_dim;
-  auto proj = [&](const char* name, int64_t heads) {
-    std::string base = p + name;
-    return linear(x, w(base + ".weight"), maybe(base + ".bias")).view({B, T, heads, d}).transpose(1, 2);
+  auto proj = [&](const at::Tensor& w, const at::Tensor& b, int64_t heads) {
+    return linear(x, w, b).view({B, T, heads, d}).transpose(1, 2);
   };
-  at::Tensor q = proj("q_proj", cfg_.heads), k = proj("k_proj", cfg_.kv_heads), v = proj("v_proj", cfg_.kv_heads);
+  at::Tensor q = proj(L.q, L.q_b, cfg_.heads), k = proj(L.k, L.k_b, cfg_.kv_heads), v = proj(L.v, L.v_b, cfg_.kv_heads);
   q = q * cos + rotate_half(q) * sin;
   k = k * cos + rotate_half(k) * sin;
   if (cache) {
@@ -152,13 +172,14 @@ at::Tensor CausalLM::attention(int64_t i, const at::Tensor& x, const at::Tensor&
     k = cache->k[i].narrow(2, 0, past + T);
     v = cache->v[i].narrow(2, 0, past + T);
   }
-  const int64_t groups = cfg_.heads / cfg_.kv_heads;  // grouped-query attention: each kv head serves `groups` heads
-  if (groups > 1) {
-    k = k.repeat_interleave(groups, 1);
-    v = v.repeat_interleave(groups, 1);
-  }
-  at::Tensor o = at::scaled_dot_product_attention(q, k, v, amask);
-  return linear(o.transpose(1, 2).reshape({B, T, cfg_.heads * d}), w(p + "o_proj.weight"), maybe(p + "o_proj.bias"));
+  // Grouped-query attention inside SDPA (enable_gqa): each kv head serves heads / kv_heads query
+  // heads without copying the keys and values (repeat_interleave copied the whole cache of every
+  // layer at every step); the same numbers on the CPU, bit for bit.
+  const bool gqa = cfg_.heads != cfg_.kv_heads;
+  at::Tensor o = amask.defined()
+                     ? at::scaled_dot_product_attention(q, k, v, amask, 0.0, false, std::nullopt, gqa)
+                     : at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/T > 1, std::nullopt, gqa);
+  return linear(o.transpose(1, 2).reshape({B, T, cfg_.heads * d}), L.o, L.o_b);
 }
 
 void CausalLM::save(const fs::path& dir) const {
