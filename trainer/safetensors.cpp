@@ -28,10 +28,16 @@ std::string dtype_name(at::ScalarType t) {
   throw Error(fmt::format("safetensors: cannot write dtype {} (F32, F16, BF16, I64, I32 only)", c10::toString(t)));
 }
 
+// One read into a buffer of the file's size: through istreambuf_iterator, byte by byte, a 2 GB
+// checkpoint took 4.2 s of a model's 7.5 s load (1.6 s this way).
 std::vector<char> read_all(const fs::path& file) {
   std::ifstream in(file, std::ios::binary);
   OPFORGE_CHECK(in, "cannot open {}: check the model folder", file.string());
-  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+  std::vector<char> bytes(fs::file_size(file));
+  in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  OPFORGE_CHECK(in.gcount() == static_cast<std::streamsize>(bytes.size()), "{}: read {} of its {} bytes",
+                file.string(), in.gcount(), bytes.size());
+  return bytes;
 }
 
 }  // namespace
