@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <latch>
+#include <thread>
+
 #include "crawler.h"
 #include "opforge/core/error.h"
 #include "opforge/core/store.h"
@@ -35,6 +38,34 @@ TEST(Store, MigrationsApplyInOrderOnceAndUpgradeKeepingData) {
   EXPECT_EQ(st.int64(0), 7);
   EXPECT_EQ(st.text(1), "x");
   EXPECT_EQ(db.schema_version("other"), 0);
+}
+
+// Shards and concurrent filters open one fresh workspace at the same moment: each migration must
+// be applied once (a second CREATE TABLE would fail), whichever connection gets there first.
+TEST(Store, ConnectionsMigratingAFreshDatabaseAtOnceApplyEachMigrationOnce) {
+  test::TempDir dir;
+  const std::vector<std::string> steps = {"CREATE TABLE t (a INTEGER)", "CREATE TABLE u (a INTEGER)",
+                                          "ALTER TABLE t ADD COLUMN b TEXT", "INSERT INTO u VALUES (1)"};
+  std::vector<std::string> errors(8);
+  std::latch opened(static_cast<std::ptrdiff_t>(errors.size()));  // every connection open before any migrates
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < errors.size(); ++i)
+    threads.emplace_back([&, i] {
+      try {
+        Db db(dir / "a.db");
+        opened.arrive_and_wait();
+        db.migrate("thing", steps);
+      } catch (const std::exception& e) {
+        errors[i] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) EXPECT_EQ(e, "");
+  Db db(dir / "a.db");
+  EXPECT_EQ(db.schema_version("thing"), 4);
+  auto st = db.prepare("SELECT count(*) FROM u");
+  ASSERT_TRUE(st.step());
+  EXPECT_EQ(st.int64(0), 1) << "a data migration ran more than once";
 }
 
 TEST(Store, RefusesADatabaseNewerThanTheBinary) {

@@ -111,21 +111,27 @@ int Db::schema_version(std::string_view component) {
   return st.step() ? static_cast<int>(st.int64(0)) : 0;
 }
 
+// Each step reads the version and applies the next migration inside one BEGIN IMMEDIATE, so
+// processes opening a fresh workspace at once (shards, two filters) apply every migration once:
+// the second waits for the first's write lock, then finds the version already moved.
 void Db::migrate(std::string_view component, const std::vector<std::string>& migrations) {
-  int have = schema_version(component);
-  OPFORGE_CHECK(have <= static_cast<int>(migrations.size()),
-                "workspace {} has {} schema version {}, newer than this opforge ({}): use a newer "
-                "opforge or a fresh --workspace",
-                path_.string(), component, have, migrations.size());
-  for (int v = have; v < static_cast<int>(migrations.size()); ++v) {
+  const int want = static_cast<int>(migrations.size());
+  for (bool more = true; more;) {
     transaction([&] {
-      exec(migrations[v]);
+      int have = schema_version(component);
+      OPFORGE_CHECK(have <= want,
+                    "workspace {} has {} schema version {}, newer than this opforge ({}): use a newer "
+                    "opforge or a fresh --workspace",
+                    path_.string(), component, have, want);
+      more = have < want;
+      if (!more) return;
+      exec(migrations[have]);
       auto st = prepare(
           "INSERT INTO schema_versions(component, version) VALUES(?, ?) "
           "ON CONFLICT(component) DO UPDATE SET version = excluded.version");
-      st.bind(1, component).bind(2, v + 1).run();
+      st.bind(1, component).bind(2, have + 1).run();
+      spdlog::debug("migrated {} schema to version {}", component, have + 1);
     });
-    spdlog::debug("migrated {} schema to version {}", component, v + 1);
   }
 }
 
