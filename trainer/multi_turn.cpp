@@ -3,6 +3,7 @@
 #include <fstream>
 #include <thread>
 
+#include "agent.h"
 #include "opforge/core/error.h"
 #include "opforge/core/files.h"
 #include "opforge/core/paths.h"
@@ -49,19 +50,6 @@ void write_tasks(const MultiTurnOptions& o, const std::vector<Prompt>& tasks, co
     OPFORGE_CHECK(c != o.code.end(), "train ppo --multi-turn: no code for task {}", t.task_id);
     out << json({{"id", t.task_id}, {"code", c->second}}).dump() << "\n";
   }
-}
-
-// An agent run's record file (agent/README.md): a line cut short by a kill is dropped, as the
-// agent itself drops it.
-std::vector<json> records(const fs::path& file) {
-  std::vector<json> out;
-  if (!fs::exists(file)) return out;
-  std::ifstream in(file);
-  for (std::string line; std::getline(in, line);) {
-    json j = json::parse(line, nullptr, false);
-    if (j.is_object() && j.contains("task_id")) out.push_back(std::move(j));
-  }
-  return out;
 }
 
 }  // namespace
@@ -117,8 +105,8 @@ EpisodeFn multi_turn_episodes(MultiTurnOptions o) {
     std::vector<json> episodes;
     int64_t failed = 0;
     for (int64_t k = 0; k < o.rollouts_per_task; ++k) {
-      for (auto& r : records(dir / fmt::format("r{}", k) / "episodes.jsonl")) episodes.push_back(r);
-      failed += static_cast<int64_t>(records(dir / fmt::format("r{}", k) / "errors.jsonl").size());
+      for (auto& r : agent::read_records(dir / fmt::format("r{}", k) / "episodes.jsonl")) episodes.push_back(r);
+      failed += static_cast<int64_t>(agent::read_records(dir / fmt::format("r{}", k) / "errors.jsonl").size());
     }
     double turns = 0, reward = 0;
     for (auto& e : episodes) {

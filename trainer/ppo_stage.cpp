@@ -88,14 +88,13 @@ struct PpoRun {
   std::vector<int64_t> stops;
 };
 
-// Every answer of the step in train value's trajectory format (value_stage.h), those with a null
-// reward too (train value counts and skips them): the critic can be pre-trained on PPO's rollouts.
+// Every answer of the step in train value's trajectory format, those with a null reward too
+// (train value counts and skips them): the critic can be pre-trained on PPO's rollouts.
 void log_trajectories(MetricsLog& log, const std::vector<Sample>& samples, int64_t step) {
   for (const auto& x : samples) {
-    std::vector<int64_t> seq = x.prompt;
-    seq.insert(seq.end(), x.answer.tokens.begin(), x.answer.tokens.end());
-    log.write({{"task_id", x.task_id}, {"step", step}, {"ids", seq}, {"prompt_len", x.prompt.size()},
-               {"logprobs", x.answer.logprobs}, {"reward", x.reward ? json(*x.reward) : json()}});
+    json rec = trajectory_record(x);
+    rec["step"] = step;
+    log.write(rec);
   }
 }
 
@@ -290,6 +289,13 @@ std::unique_ptr<PpoRun> open_run(const PpoOptions& o, const Tokenizer& tok, bool
 }
 
 }  // namespace
+
+json trajectory_record(const Sample& x) {
+  std::vector<int64_t> seq = x.prompt;
+  seq.insert(seq.end(), x.answer.tokens.begin(), x.answer.tokens.end());
+  return {{"task_id", x.task_id}, {"ids", seq}, {"prompt_len", x.prompt.size()}, {"logprobs", x.answer.logprobs},
+          {"reward", x.reward ? json(*x.reward) : json()}};
+}
 
 PpoResult train_ppo(const PpoOptions& o, const std::vector<Prompt>& prompts, const Tokenizer& tok,
                     const RewardFn& reward, const EpisodeFn& episodes) {

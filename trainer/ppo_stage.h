@@ -52,6 +52,10 @@ struct Sample {
   std::optional<double> reward;  // nullopt: not judged (the environment failed)
 };
 
+// A sample in train value's trajectory format (value_stage.h): ids of prompt and answer,
+// prompt_len, the answer's log-probabilities, the reward (null: not judged).
+nlohmann::json trajectory_record(const Sample& sample);
+
 // The samples of one step: episodes of `tasks` (the step's B prompts) run with `actor`, which the
 // function may only read. Adds what it measured to `metrics`. train_ppo's default (empty) samples
 // K single-turn answers per prompt and asks the RewardFn; `train ppo --multi-turn` runs opforge

@@ -90,12 +90,7 @@ fs::path warmup(const Recipe& r) {
 // Every turn of the RFT episodes in train value's trajectory format.
 void write_trajectories(const std::vector<Sample>& samples, const fs::path& file) {
   std::ofstream out(file);
-  for (const auto& s : samples) {
-    std::vector<int64_t> ids = s.prompt;
-    ids.insert(ids.end(), s.answer.tokens.begin(), s.answer.tokens.end());
-    out << json({{"task_id", s.task_id}, {"ids", ids}, {"prompt_len", s.prompt.size()}, {"logprobs", s.answer.logprobs},
-                 {"reward", s.reward ? json(*s.reward) : json()}}).dump() << "\n";
-  }
+  for (const auto& s : samples) out << trajectory_record(s).dump() << "\n";
 }
 
 // Episodes of the warmed-up actor (served in this process), their turns as trajectories.
