@@ -1,0 +1,20 @@
+// Shards of an array job: `--shard I/N` splits one stage's work into N disjoint parts that N
+// machines (or processes) do apart, in their own workspaces, later joined by `opforge merge`.
+//
+// Which part a task belongs to depends only on its id (xxh3 of the id, modulo N), so every shard
+// of every stage agrees on it without talking to the others.
+#pragma once
+#include <string>
+
+namespace opforge {
+
+struct Shard {
+  int index = 0, count = 1;  // this shard is index of count (0 <= index < count); 0/1: everything
+};
+
+// Parses "I/N" (0 <= I < N). Throws opforge::Error naming --shard and the expected form.
+Shard parse_shard(const std::string& spec);
+// Whether the task with this id belongs to the shard: xxh3_64(task_id) % count == index.
+bool in_shard(const std::string& task_id, Shard shard);
+
+}  // namespace opforge
