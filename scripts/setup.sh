@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything opforge needs on a fresh Debian machine, skipping what is already there:
 #   1. Debian packages (apt-get; sudo when not root),
-#   2. the Python venv with torch and transformers pinned in python/requirements.lock, kept in
+#   2. the Python venv with torch, transformers and ray pinned in python/requirements.lock, kept in
 #      ~/.cache/opforge/venv-<hash of the lock> and linked as .venv (a fresh clone reuses it),
 #   3. the CMake build in build/ (ccache makes a rebuild of a fresh clone cheap).
 set -euo pipefail
@@ -16,7 +16,10 @@ PKGS=(build-essential cmake ninja-build ccache pkg-config python3-dev python3-ve
       bubblewrap
       # faiss's exact search is BLAS matrix products: without OpenBLAS, Debian's libblas3 is the
       # netlib reference one, 16x slower in dedup (bench/dedup_scale.cpp).
-      libopenblas0-pthread)
+      libopenblas0-pthread
+      # opforge slurm submits through sbatch; its test runs a one-node Slurm on this machine
+      # (scripts/local_slurm.sh): slurmctld, slurmd and the munge daemon. About 10 s of apt.
+      slurm-wlm munge)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
