@@ -27,6 +27,9 @@ void add_serve(CLI::App& app, Runner& run);
 void add_env(CLI::App& app, Runner& run);
 void add_agent(CLI::App& app, Runner& run);
 void add_run(CLI::App& app, Runner& run);
+// slurm, ray: compose and filter as shards on a cluster's scheduler, then merge (cmd_launch.cpp).
+void add_slurm(CLI::App& app, Runner& run);
+void add_ray(CLI::App& app, Runner& run);
 void add_sandbox_exec(CLI::App& app, Runner& run);
 void add_realism(CLI::App& app, Runner& run);
 void add_model_stats(CLI::App& app, Runner& run);

@@ -48,6 +48,8 @@ int main(int argc, char** argv) {
   opforge::cli::add_dedup(app, run);
   opforge::cli::add_export(app, run);
   opforge::cli::add_run(app, run);
+  opforge::cli::add_slurm(app, run);
+  opforge::cli::add_ray(app, run);
   opforge::cli::add_status(app, run);
   opforge::cli::add_eval(app, run);
   opforge::cli::add_serve(app, run);
