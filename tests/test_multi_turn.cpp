@@ -125,3 +125,57 @@ TEST(MultiTurn, TheRecipeRunsItsFourStagesInOrderAndARerunResumesDone) {
 }
 
 #endif
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
+#include <iterator>
+#include <thread>
+
+#include "opforge/core/error.h"
+#include "subprocess.h"
+
+// A child of a stage (an agent run, a recipe stage) dies with the trainer: a SIGKILLed trainer
+// leaves no run behind talking to a policy server that is gone. The trainer here is a forked copy
+// of this test that spawns `sleep 60` and is then killed.
+TEST(Subprocess, AChildDiesWithTheTrainerThatStartedIt) {
+  opforge::test::TempDir dir;
+  int p[2];
+  ASSERT_EQ(::pipe(p), 0);
+  pid_t trainer = ::fork();
+  ASSERT_GE(trainer, 0);
+  if (trainer == 0) {
+    pid_t child = opforge::trainer::spawn_logged({"/bin/sleep", "60"}, dir / "sleep.log");
+    [[maybe_unused]] auto n = ::write(p[1], &child, sizeof child);
+    ::pause();
+    ::_exit(0);
+  }
+  pid_t child = -1;
+  ASSERT_EQ(::read(p[0], &child, sizeof child), static_cast<ssize_t>(sizeof child));
+  ASSERT_EQ(::kill(child, 0), 0) << "the child should run while its trainer does";
+  ::kill(trainer, SIGKILL);
+  ::waitpid(trainer, nullptr, 0);
+  bool gone = false;  // the child is re-parented (to init or a subreaper), which reaps it
+  for (int i = 0; i < 100 && !gone; ++i) {
+    gone = ::kill(child, 0) != 0;
+    std::ifstream in("/proc/" + std::to_string(child) + "/stat");  // gone in between reads as empty
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    gone = gone || stat.empty() || stat.find(") Z ") != std::string::npos;
+    if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(gone) << "sleep (pid " << child << ") outlived its killed trainer";
+  if (!gone) ::kill(child, SIGKILL);
+}
+
+// A program that cannot be started is an error naming it, not a child that exits 127.
+TEST(Subprocess, AMissingProgramIsAnErrorNamingIt) {
+  opforge::test::TempDir dir;
+  try {
+    opforge::trainer::spawn_logged({"/nonexistent/opforge-agent"}, dir / "x.log");
+    FAIL() << "spawn_logged should throw";
+  } catch (const opforge::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/opforge-agent"), std::string::npos) << e.what();
+  }
+}

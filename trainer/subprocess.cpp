@@ -1,33 +1,59 @@
 #include "subprocess.h"
 
 #include <fcntl.h>
-#include <spawn.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 #include <sys/wait.h>
 
+#include <cerrno>
+#include <csignal>
 #include <cstring>
 
 #include "opforge/core/error.h"
 #include "opforge/core/files.h"
 
-extern char** environ;
-
 namespace opforge::trainer {
 namespace fs = std::filesystem;
 
+// fork + exec rather than posix_spawn: a child must die with the trainer (PR_SET_PDEATHSIG), or a
+// killed run leaves its agent runs talking to a policy server that is gone, and a rerun finds them.
+// PDEATHSIG follows the thread that forked: the stages spawn from the main thread, which lives.
 pid_t spawn_logged(const std::vector<std::string>& args, const fs::path& log) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   fs::create_directories(log.parent_path());
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = -1;
-  int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  OPFORGE_CHECK(rc == 0, "cannot start {}: {}", args[0], std::strerror(rc));
+  // Opened here, not in the child: only async-signal-safe calls may run between fork and exec.
+  int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  OPFORGE_CHECK(out >= 0, "cannot open {} for the log of {}: {}", log.string(), args[0], std::strerror(errno));
+  int in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  int ready[2];  // closed by exec: a read of 0 bytes means the exec happened, 4 bytes carry its errno
+  OPFORGE_CHECK(in >= 0 && ::pipe2(ready, O_CLOEXEC) == 0, "cannot start {}: {}", args[0], std::strerror(errno));
+  pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (::getppid() != parent) ::_exit(127);  // the trainer died before the signal was armed
+    ::dup2(in, 0);
+    ::dup2(out, 1);
+    ::dup2(out, 2);
+    ::execv(argv[0], argv.data());
+    int e = errno;
+    [[maybe_unused]] auto n = ::write(ready[1], &e, sizeof e);
+    ::_exit(127);
+  }
+  int fork_errno = errno;
+  ::close(out);
+  ::close(in);
+  ::close(ready[1]);
+  int e = 0;
+  ssize_t n = pid < 0 ? 0 : ::read(ready[0], &e, sizeof e);
+  ::close(ready[0]);
+  OPFORGE_CHECK(pid >= 0, "cannot start {}: {}", args[0], std::strerror(fork_errno));
+  if (n == static_cast<ssize_t>(sizeof e)) {
+    ::waitpid(pid, nullptr, 0);
+    throw Error(fmt::format("cannot start {}: {}", args[0], std::strerror(e)));
+  }
   return pid;
 }
 

@@ -9,7 +9,8 @@
 
 namespace opforge::trainer {
 
-// Starts `args` (args[0] an executable path) with stdin /dev/null and stdout + stderr in `log`.
+// Starts `args` (args[0] an executable path) with stdin /dev/null and stdout + stderr in `log`; the
+// child gets SIGTERM when the calling thread ends (the trainer killed), so no run outlives it.
 pid_t spawn_logged(const std::vector<std::string>& args, const std::filesystem::path& log);
 
 // Waits for pid; "" when it exited 0, else what went wrong with the last lines of its log.
