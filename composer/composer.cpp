@@ -182,6 +182,7 @@ struct OfflineRun {
   const ComposeOptions& opts;
   std::map<std::string, long> quota, added_in;
   ComposeSummary sum;
+  bool quotas = true;  // off in a sharded run: a quota would need the other shards' tasks
 
   void fail(long i, const std::string& bucket, const std::string& reason, const std::string& detail) {
     record_failure(db, opts.backend, opts.seed, i, bucket, reason, detail);
@@ -197,7 +198,8 @@ struct OfflineRun {
       return;
     }
     std::string bucket = rec["bucket"];
-    if (added_in[bucket] >= quota[bucket]) return fail(i, bucket, "over_quota", "bucket already full in this run");
+    if (quotas && added_in[bucket] >= quota[bucket])
+      return fail(i, bucket, "over_quota", "bucket already full in this run");
     if (!rec.value("ok", false)) {
       fail(i, bucket, rec.value("reason", "unknown"), rec.value("message", ""));
       ++sum.failed;
@@ -236,7 +238,7 @@ struct OfflineRun {
 // those becomes a failure with the pool's reason, the rest of the block is composed as before.
 void replay_block(WorkerPool& pool, const json& request, std::vector<json>& records) {
   const json& a = request["args"];
-  long first = a["start"], end = a["block"][1];
+  long first = a["start"], end = a.contains("end") ? a["end"].get<long>() : a["block"][1].get<long>();
   json crashed = json::array();
   for (long i = first; i < end; ++i) {
     json req = request;
@@ -255,59 +257,126 @@ void replay_block(WorkerPool& pool, const json& request, std::vector<json>& reco
   }
 }
 
-// The offline backends (template, graph): rounds of fixed 64-index blocks, one request per worker
-// (python/opforge/compose.py: compose_block), committed in index order so the outcome does not
-// depend on which worker finished first.
-ComposeSummary compose_offline(Workspace& ws, const ComposeOptions& opts,
-                               const std::vector<std::pair<std::string, double>>& mix) {
+// What every offline run needs: the seeds (checked against the mix) and each block request's
+// arguments.
+json offline_args(Workspace& ws, const ComposeOptions& opts, const std::vector<std::pair<std::string, double>>& mix,
+                  const std::map<std::string, long>& quota) {
   json seeds = load_seeds(ws.db());
   OPFORGE_CHECK(!seeds.empty(), "no runnable seeds in {}: run `opforge crawl --workspace {}` first",
                 ws.root().string(), ws.root().string());
   json mix_json = json::array();
   for (auto& [b, p] : mix) mix_json.push_back({b, p});
-  auto quota = bucket_quotas(mix, opts.count);
   check_module_buckets(quota, seeds, ws);
   json args = backend_args(opts, seeds, mix_json);
+  args["backend"] = opts.backend;
+  return args;
+}
+
+WorkerPoolOptions offline_pool(Workspace& ws, const ComposeOptions& opts) {
   WorkerPoolOptions popts;
   popts.workers = opts.workers;
   popts.timeout_s = 600;
   popts.log_file = ws.logs_dir() / "workers.log";
-  WorkerPool pool(popts);
+  return popts;
+}
 
+// One block request: indices start..end-1 of the fixed block [first, first + block_size).
+json block_request(const json& args, long first, long start, long end, long block_size) {
+  json a = args;
+  a.update({{"block", {first, first + block_size}}, {"start", start}});
+  if (end < first + block_size) a["end"] = end;
+  return {{"op", "compose_offline"}, {"args", std::move(a)}};
+}
+
+// Sends the requests (one per worker) and returns their candidate records in index order, so the
+// outcome does not depend on which worker finished first.
+std::vector<json> run_round(WorkerPool& pool, const std::vector<json>& reqs) {
+  std::vector<json> records;
+  std::vector<std::size_t> died;
+  pool.run(reqs, [&](WorkerResult&& r) {
+    if (r.outcome != Outcome::ok) return died.push_back(r.index);
+    OPFORGE_CHECK(r.reply.value("ok", false), "the composer failed: {}: {}\n{}", r.reply.value("error", ""),
+                  r.reply.value("message", ""), r.reply.value("traceback", ""));
+    for (auto& rec : r.reply["result"]) records.push_back(std::move(rec));
+  });
+  for (std::size_t k : died) replay_block(pool, reqs[k], records);
+  std::sort(records.begin(), records.end(),
+            [](const json& a, const json& b) { return a["index"].get<long>() < b["index"].get<long>(); });
+  return records;
+}
+
+// The offline backends (template, graph): rounds of fixed blocks (--block-size, 64), one request
+// per worker (python/opforge/compose.py: compose_block), committed in index order until --count
+// tasks are added.
+ComposeSummary compose_offline(Workspace& ws, const ComposeOptions& opts,
+                               const std::vector<std::pair<std::string, double>>& mix) {
+  auto quota = bucket_quotas(mix, opts.count);
+  json args = offline_args(ws, opts, mix, quota);
+  WorkerPool pool(offline_pool(ws, opts));
   OfflineRun run{ws.db(), opts, quota, {}, {}};
+  const long block = opts.block_size;
   long idx = next_index(ws.db(), opts.backend, opts.seed);
   spdlog::info("composing {} {} candidates (seed {}, starting at index {}) from {} seeds", opts.count, opts.backend,
-               opts.seed, idx, seeds.size());
+               opts.seed, idx, args["seeds"].size());
   Progress progress("compose", static_cast<std::size_t>(opts.count));
   for (int barren_rounds = 0; run.sum.added < opts.count;) {
-    constexpr long kBlock = 64;
     std::vector<json> reqs;
     for (int w = 0; w < opts.workers; ++w) {
-      long block_start = (idx / kBlock) * kBlock;
-      json a = args;
-      a.update({{"block", {block_start, block_start + kBlock}}, {"start", idx}, {"backend", opts.backend}});
-      reqs.push_back({{"op", "compose_offline"}, {"args", std::move(a)}});
-      idx = block_start + kBlock;
+      long first = (idx / block) * block;
+      reqs.push_back(block_request(args, first, idx, first + block, block));
+      idx = first + block;
     }
-    std::vector<json> records;
-    std::vector<std::size_t> died;
-    pool.run(reqs, [&](WorkerResult&& r) {
-      if (r.outcome != Outcome::ok) return died.push_back(r.index);
-      OPFORGE_CHECK(r.reply.value("ok", false), "the composer failed: {}: {}\n{}", r.reply.value("error", ""),
-                    r.reply.value("message", ""), r.reply.value("traceback", ""));
-      for (auto& rec : r.reply["result"]) records.push_back(std::move(rec));
-    });
-    for (std::size_t k : died) replay_block(pool, reqs[k], records);
-    std::sort(records.begin(), records.end(),
-              [](const json& a, const json& b) { return a["index"].get<long>() < b["index"].get<long>(); });
     long added_before = run.sum.added;
-    for (auto& rec : records)
+    for (auto& rec : run_round(pool, reqs))
       if (run.sum.added < opts.count) run.commit(rec, progress);
     barren_rounds = run.sum.added == added_before ? barren_rounds + 1 : 0;
     OPFORGE_CHECK(barren_rounds < 8,
                   "the {} composer produced no new candidate in 8 rounds (last failures: {}); the seeds may be too "
                   "few for --count {}",
                   opts.backend, json(run.sum.failures).dump(), opts.count);
+  }
+  progress.finish();
+  return run.sum;
+}
+
+// The highest index of [first, end) already committed (a task or a failure), or first - 1.
+long last_committed(Db& db, const ComposeOptions& opts, long first, long end) {
+  auto st = db.prepare(
+      "SELECT max(i) FROM (SELECT json_extract(provenance, '$.index') AS i FROM tasks WHERE backend = ?1 AND "
+      "json_extract(provenance, '$.rng_seed') = ?2 UNION ALL SELECT idx FROM compose_failures WHERE backend = ?1 AND "
+      "rng_seed = ?2) WHERE i >= ?3 AND i < ?4");
+  st.bind(1, opts.backend).bind(2, static_cast<std::int64_t>(opts.seed)).bind(3, static_cast<std::int64_t>(first));
+  st.bind(4, static_cast<std::int64_t>(end));
+  return st.step() && !st.is_null(0) ? st.int64(0) : first - 1;
+}
+
+// A fixed-count run's part (--shard I/N): the blocks b % N == I of indices [0, count), each
+// resumed after its last committed index (a killed shard started again redoes nothing).
+ComposeSummary compose_shard(Workspace& ws, const ComposeOptions& opts,
+                             const std::vector<std::pair<std::string, double>>& mix) {
+  const Shard shard = *opts.shard;
+  const long block = opts.block_size, count = opts.count;
+  std::vector<json> todo;  // {first, start, end} of each block left
+  long indices = 0;
+  for (long b = shard.index; b * block < count; b += shard.count) {
+    long first = b * block, end = std::min(first + block, count);
+    indices += end - first;
+    long start = last_committed(ws.db(), opts, first, end) + 1;
+    if (start < end) todo.push_back({first, start, end});
+  }
+  spdlog::info("compose shard {}/{}: {} of the {} {} indices of seed {} (blocks of {}), {} blocks left",
+               shard.index, shard.count, indices, count, opts.backend, opts.seed, block, todo.size());
+  OfflineRun run{ws.db(), opts, {}, {}, {}};
+  run.quotas = false;
+  if (todo.empty()) return run.sum;
+  json args = offline_args(ws, opts, mix, bucket_quotas(mix, count));
+  WorkerPool pool(offline_pool(ws, opts));
+  Progress progress("compose", static_cast<std::size_t>(indices));
+  for (std::size_t k = 0; k < todo.size();) {
+    std::vector<json> reqs;
+    for (int w = 0; w < opts.workers && k < todo.size(); ++w, ++k)
+      reqs.push_back(block_request(args, todo[k][0], todo[k][1], todo[k][2], block));
+    for (auto& rec : run_round(pool, reqs)) run.commit(rec, progress);
   }
   progress.finish();
   return run.sum;
@@ -465,15 +534,82 @@ ComposeSummary compose_llm(Workspace& ws, const ComposeOptions& opts,
   return sum;
 }
 
+// What a shard's candidates depend on: the marker of a finished shard holds them, and a rerun
+// with the same ones has nothing to do.
+json shard_arguments(const ComposeOptions& o) {
+  json a = {{"backend", o.backend},         {"seed", o.seed},         {"count", o.count},
+            {"block_size", o.block_size},   {"mix", o.mix},           {"max_ops", o.max_ops},
+            {"target_ms", o.target_ms},     {"shard", {o.shard->index, o.shard->count}}};
+  if (o.backend == "graph")
+    a.update({{"device", o.device}, {"stats", o.stats}, {"anchor_share", o.anchor_share},
+              {"exotic_share", o.exotic_share}, {"edge_smoothing", o.edge_smoothing}});
+  return a;
+}
+
+bool marker_says_done(const std::filesystem::path& marker, const json& args) {
+  if (!std::filesystem::exists(marker)) return false;
+  try {
+    std::ifstream f(marker);
+    return json::parse(f).at("arguments") == args;
+  } catch (const std::exception& e) {  // a torn or foreign file: compose (resuming) and rewrite it
+    spdlog::warn("ignoring unreadable marker {}: {}", marker.string(), e.what());
+    return false;
+  }
+}
+
+// Written to a temporary name and renamed, so a marker is whole or absent.
+void write_marker(const std::filesystem::path& marker, const json& args, const ComposeSummary& s) {
+  with_context(fmt::format("while writing the marker {}", marker.string()), [&] {
+    std::filesystem::create_directories(marker.parent_path());
+    json m = {{"stage", "compose"},
+              {"arguments", args},
+              {"summary", {{"added", s.added}, {"failed", s.failed}, {"duplicates", s.duplicates},
+                           {"by_bucket", s.by_bucket}, {"failures", s.failures}}},
+              {"finished_at", std::chrono::duration_cast<std::chrono::seconds>(
+                                  std::chrono::system_clock::now().time_since_epoch()).count()}};
+    auto tmp = marker;
+    tmp += ".tmp";
+    {
+      std::ofstream f(tmp);
+      f << m.dump(2) << "\n";
+      OPFORGE_CHECK(f.good(), "cannot write {}", tmp.string());
+    }
+    std::filesystem::rename(tmp, marker);
+  });
+}
+
+ComposeSummary compose_sharded(Workspace& ws, const ComposeOptions& opts,
+                               const std::vector<std::pair<std::string, double>>& mix) {
+  OPFORGE_CHECK(opts.backend != "llm", "--shard is for the offline backends (graph, template, registered ones): the "
+                "llm backend's answers are not reproducible, so its shards could not be checked against one run");
+  json args = shard_arguments(opts);
+  auto marker = shard_marker(ws, *opts.shard);
+  if (marker_says_done(marker, args)) {
+    ComposeSummary done;
+    done.already_done = true;
+    return done;
+  }
+  ComposeSummary sum = compose_shard(ws, opts, mix);
+  write_marker(marker, args, sum);
+  return sum;
+}
+
 }  // namespace
+
+std::filesystem::path shard_marker(const Workspace& ws, Shard shard) {
+  return ws.root() / "done" / fmt::format("compose.shard-{}-of-{}.json", shard.index, shard.count);
+}
 
 ComposeSummary compose(Workspace& ws, const ComposeOptions& opts) {
   auto t0 = std::chrono::steady_clock::now();
   OPFORGE_CHECK(opts.count >= 1, "--count must be at least 1");
+  OPFORGE_CHECK(opts.block_size >= 1, "--block-size must be at least 1 (got {})", opts.block_size);
   auto mix = parse_mix(opts.mix, opts.max_ops);
   migrate(ws.db());
   ComposeSummary sum;
-  if (opts.backend == "llm") {
+  if (opts.shard) {
+    sum = compose_sharded(ws, opts, mix);
+  } else if (opts.backend == "llm") {
     OPFORGE_CHECK(!opts.llm_url.empty() && !opts.llm_model.empty(),
                   "--backend llm needs --llm-url (an OpenAI-compatible endpoint) and --llm-model");
     sum = compose_llm(ws, opts, mix);

@@ -9,10 +9,13 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "opforge/core/shard.h"
 #include "opforge/core/store.h"
 
 namespace opforge::composer {
@@ -28,6 +31,15 @@ struct ComposeOptions {
   std::uint64_t seed = 0;
   double target_ms = 10;  // eager time the template sizes aim at (geometric middle of 1-100 ms)
   int workers = 2;
+  // The offline backends compose in fixed blocks of this many indices; a candidate depends on its
+  // block (duplicates are redrawn within it), so runs meant to agree use the same size.
+  int block_size = 64;
+  // A fixed-count run of the offline backends (issue #16, an array job's part): indices
+  // [0, count) of --seed, only the blocks b with b % shard.count == shard.index, every index
+  // ending as a task or a failure (no per-run quotas, which would need the other shards' tasks).
+  // Its N shards hold exactly the candidates of the run with shard 0/1. Empty: the usual run,
+  // which adds --count tasks from the next index on.
+  std::optional<Shard> shard;
   // graph backend: the real-model table (empty: data/real_models/stats.json), the device its
   // cost model sizes for (cpu | cuda; never measured, so any machine composes the same tasks),
   // the share of multi-op chains anchored on a GEMM/convolution/attention, and of chains given
@@ -47,6 +59,7 @@ struct ComposeSummary {
   long prompt_tokens = 0, completion_tokens = 0, cached = 0;
   std::map<std::string, long> by_bucket, failures;
   double seconds = 0;
+  bool already_done = false;  // a shard whose completion marker says these arguments finished
 };
 
 // Parses "1:3.4,2:83.8,...,transformers:1.2" into normalised probabilities, dropping buckets
@@ -54,6 +67,9 @@ struct ComposeSummary {
 std::vector<std::pair<std::string, double>> parse_mix(const std::string& spec, int max_ops);
 
 void migrate(Db& db);
+// A sharded run writes <workspace>/done/compose.shard-I-of-N.json when it finishes (its arguments
+// and summary); started again with the same arguments it does nothing.
+std::filesystem::path shard_marker(const Workspace& ws, Shard shard);
 ComposeSummary compose(Workspace& ws, const ComposeOptions& opts);
 // The "candidates" section of `opforge status --json`.
 nlohmann::json status(Db& db);
