@@ -2,10 +2,16 @@
 #include <spdlog/spdlog.h>
 
 #include <iostream>
+#include <optional>
 
 #include "commands.h"
 #include "filter.h"
+#include "opforge/core/error.h"
+#include "opforge/core/files.h"
+#include "opforge/core/hash.h"
+#include "opforge/core/shard.h"
 #include "opforge/core/store.h"
+#include "opforge/core/worker_pool.h"
 
 namespace opforge::cli {
 
@@ -67,17 +73,61 @@ void add_filter(CLI::App& app, Runner& run) {
   });
 }
 
+namespace {
+
+// import --shard: the files of `paths` whose task id is in the shard. The id is the xxh3 of the
+// normal form, which only the worker computes, so the files are normalised here once to choose
+// and again by import_tasks to add (an ast pass each, cheap next to judging them).
+std::vector<std::filesystem::path> files_in_shard(const std::vector<std::filesystem::path>& paths, Shard shard,
+                                                  const std::filesystem::path& log_file) {
+  std::vector<std::filesystem::path> files;
+  for (auto& p : paths) {
+    OPFORGE_CHECK(std::filesystem::exists(p), "{} does not exist (give KernelBench-format .py files or folders)",
+                  p.string());
+    auto under = std::filesystem::is_directory(p) ? python_files_under(p) : std::vector<std::filesystem::path>{p};
+    files.insert(files.end(), under.begin(), under.end());
+  }
+  if (files.empty()) return files;
+  nlohmann::json codes = nlohmann::json::array();
+  for (auto& f : files) codes.push_back(read_text(f));
+  WorkerPoolOptions popts;
+  popts.workers = 1;
+  popts.log_file = log_file;
+  WorkerPool pool(popts);
+  WorkerResult r = pool.call({{"op", "normalize"}, {"args", {{"codes", codes}}}});
+  OPFORGE_CHECK(r.outcome == Outcome::ok && r.reply.value("ok", false), "normalising the files to import failed: {}",
+                r.reason);
+  std::vector<std::filesystem::path> kept;
+  for (std::size_t i = 0; i < files.size(); ++i)
+    if (in_shard(xxh3_hex(r.reply["result"][i].get<std::string>()), shard)) kept.push_back(files[i]);
+  return kept;
+}
+
+}  // namespace
+
 void add_import(CLI::App& app, Runner& run) {
   auto* cmd = app.add_subcommand("import", "Add KernelBench-format .py files (or folders of them) as candidates, with "
                                            "their path in provenance, so `opforge filter` judges them");
   auto workspace = std::make_shared<std::string>("workspace");
   auto paths = std::make_shared<std::vector<std::string>>();
+  auto shard = std::make_shared<std::string>();
   add_workspace_option(*cmd, *workspace);
   cmd->add_option("paths", *paths, "Files or folders")->required();
-  cmd->callback([&run, workspace, paths] {
-    run = [workspace, paths] {
+  cmd->add_option("--shard", *shard,
+         "I/N: import only the files whose task id hashes to I modulo N (core/shard.h), so N shards of an array "
+         "job import one folder disjointly")
+      ->type_name("I/N");
+  cmd->callback([&run, workspace, paths, shard] {
+    run = [workspace, paths, shard] {
+      std::optional<Shard> sh;
+      if (!shard->empty()) sh = parse_shard(*shard);
       Workspace ws(*workspace);
       std::vector<std::filesystem::path> ps(paths->begin(), paths->end());
+      if (sh) {
+        ps = files_in_shard(ps, *sh, ws.logs_dir() / "workers.log");
+        spdlog::info("import --shard {}/{}: {} files of this shard", sh->index, sh->count, ps.size());
+        if (ps.empty()) return 0;
+      }
       auto s = filter::import_tasks(ws, ps);
       spdlog::info("imported {} candidates ({} already present)", s.added, s.duplicates);
       return 0;

@@ -16,6 +16,7 @@ using Runner = std::function<int()>;
 void add_crawl(CLI::App& app, Runner& run);
 void add_compose(CLI::App& app, Runner& run);
 void add_status(CLI::App& app, Runner& run);
+void add_merge(CLI::App& app, Runner& run);  // shard workspaces or eval reports into one
 void add_filter(CLI::App& app, Runner& run);
 void add_import(CLI::App& app, Runner& run);
 void add_tasks(CLI::App& app, Runner& run);

@@ -51,6 +51,7 @@ int main(int argc, char** argv) {
   opforge::cli::add_slurm(app, run);
   opforge::cli::add_ray(app, run);
   opforge::cli::add_status(app, run);
+  opforge::cli::add_merge(app, run);
   opforge::cli::add_eval(app, run);
   opforge::cli::add_serve(app, run);
   opforge::cli::add_env(app, run);
