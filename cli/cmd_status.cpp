@@ -59,6 +59,11 @@ void print_table(const nlohmann::json& st) {
                              s["skipped"].get<long>(), s["pending"].get<long>());
   }
   print_stages(st);
+  if (st.contains("done") && !st["done"].empty()) {
+    std::cout << "\nfinished shards (done/):";
+    for (auto& m : st["done"]) std::cout << " " << m.get<std::string>();
+    std::cout << "\n";
+  }
   if (!seeds["top_skip_reasons"].empty()) {
     std::cout << "\n  top skip reasons\n";
     for (auto& r : seeds["top_skip_reasons"])
