@@ -203,6 +203,24 @@ TEST_F(Shard, ThreeShardsMergeIntoWhatOneRunMakes) {
   EXPECT_EQ(exported(merged / "export"), recs);
 }
 
+// A shard killed while composing leaves no marker; started again it resumes each block after its
+// last committed index and ends with exactly what an uninterrupted run of it makes.
+TEST_F(Shard, AKilledComposeShardResumesToTheSameCandidates) {
+  const std::vector<std::string> big = {"--count", "400", "--block-size", "4", "--seed", "5", "--backend",
+                                        "template", "--target-ms", "1", "-j", "1", "--mix", "1:50,2:50"};
+  auto whole = fresh("resume_whole"), killed = fresh("resume_killed");
+  run_ok(with({"compose", "--workspace", whole.string(), "--shard", "1/2"}, big));
+  pid_t pid = test::spawn_opforge(with({"compose", "--workspace", killed.string(), "--shard", "1/2"}, big));
+  ASSERT_TRUE(test::kill_when(pid, killed / "opforge.db", "SELECT count(*) FROM tasks", 30, 120))
+      << "the shard finished before it could be killed: raise --count";
+  EXPECT_FALSE(fs::exists(killed / "done" / "compose.shard-1-of-2.json")) << "a killed shard has no marker";
+  EXPECT_LT(rows(killed, "SELECT id FROM tasks").size(), rows(whole, "SELECT id FROM tasks").size());
+  run_ok(with({"compose", "--workspace", killed.string(), "--shard", "1/2"}, big));
+  EXPECT_TRUE(fs::exists(killed / "done" / "compose.shard-1-of-2.json"));
+  EXPECT_EQ(rows(killed, kTasks), rows(whole, kTasks));
+  EXPECT_EQ(rows(killed, kFailures), rows(whole, kFailures));
+}
+
 // A copy of a workspace's database (checkpointed first, so the copy holds every commit).
 fs::path copy_ws(const fs::path& from, const fs::path& to) {
   {
