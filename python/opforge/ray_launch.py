@@ -43,7 +43,20 @@ def run_script(script, args, log_path, gpus=0):
     return p.returncode, host, p.stdout
 
 
+def reachable(address, timeout_s=10):
+    """Whether HOST:PORT accepts a connection: ray.init retries an address with no cluster for minutes."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=timeout_s).close()
+        return True
+    except (OSError, ValueError):
+        return False
+
+
 def connect(address):
+    if address != "auto" and not address.startswith("ray://") and not reachable(address):
+        raise SystemExit(f"opforge ray: nothing listens at --address {address}: start a cluster there (`ray start "
+                         "--head --port PORT`) or pass the address `ray start` printed (HOST:PORT)")
     try:
         ray.init(address=address, log_to_driver=False, logging_level="warning")
     except ConnectionError as e:
