@@ -376,7 +376,12 @@ ComposeSummary compose_shard(Workspace& ws, const ComposeOptions& opts,
     std::vector<json> reqs;
     for (int w = 0; w < opts.workers && k < todo.size(); ++w, ++k)
       reqs.push_back(block_request(args, todo[k][0], todo[k][1], todo[k][2], block));
-    for (auto& rec : run_round(pool, reqs)) run.commit(rec, progress);
+    auto records = run_round(pool, reqs);
+    long added_before = run.sum.added;
+    for (auto& rec : records) run.commit(rec, progress);
+    // commit ticks the tasks added; the progress of a shard counts every index it ends
+    progress.tick(records.size() - static_cast<std::size_t>(run.sum.added - added_before),
+                  fmt::format("{} failed, {} duplicates", run.sum.failed, run.sum.duplicates));
   }
   progress.finish();
   return run.sum;
