@@ -20,11 +20,15 @@ void add_filter(CLI::App& app, Runner& run) {
       "filter",
       "Judge every candidate without a verdict: it must run in eager and under torch.compile and agree, be "
       "deterministic, depend on its input, not be constant or non-finite, and take min-ms..max-ms in eager "
-      "(scalable sizes are calibrated into the window). Resumable: a killed run continues with the rest.");
+      "(scalable sizes are calibrated into the window). Resumable: a killed run continues with the rest. Several "
+      "filters may share a workspace (or split it with --shard): each leases the tasks it judges, so none is "
+      "judged twice. Of twins (one normal form, numbers ignored) only the first is judged until one is accepted; "
+      "the others are recorded exact_duplicate, as dedup would drop them.");
   struct Opts {
     std::string workspace = "workspace";
     filter::FilterOptions f;
     bool no_calibrate = false;
+    std::string shard;
   };
   auto o = std::make_shared<Opts>();
   add_workspace_option(*cmd, o->workspace);
@@ -59,14 +63,26 @@ void add_filter(CLI::App& app, Runner& run) {
   cmd->add_option("--check", o->f.extra_checks,
                   "Also run a check an installed package registers (entry point group opforge.checks; "
                   "docs/sources.md) after the built-in eager checks; repeatable, recorded in the configuration");
+  cmd->add_option("--shard", o->shard,
+                  "Judge only shard I of N (I/N, e.g. 0/4): the tasks whose id hashes to I modulo N, for array jobs on "
+                  "one workspace; a finished shard leaves done/filter.shard-I-of-N.json");
+  cmd->add_flag("--judge-twins", o->f.judge_twins,
+                "Judge every twin too (tasks that differ only in numbers and names): by default a twin of an accepted "
+                "task is recorded exact_duplicate without running");
+  cmd->add_option("--lease-stale-s", o->f.lease_stale_s,
+                  "A filter on another host sharing the workspace is taken for gone when its heartbeat is older than "
+                  "this, and its tasks are judged by others (on this host a gone PID says so at once)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->callback([&run, o] {
     run = [o] {
       o->f.calibrate = !o->no_calibrate;
+      if (!o->shard.empty()) o->f.shard = parse_shard(o->shard);
       if (o->f.memory_limit_mb == 0) o->f.memory_limit_mb = default_memory_limit_mb(std::max(2, o->f.workers));
       Workspace ws(o->workspace);
       auto s = filter::filter(ws, o->f);
-      spdlog::info("filter done in {:.1f}s: {} judged, {} accepted, {} rejected", s.seconds, s.judged, s.accepted,
-                   s.rejected);
+      spdlog::info("filter done in {:.1f}s: {} judged, {} accepted, {} rejected, {} twins not run", s.seconds, s.judged,
+                   s.accepted, s.rejected, s.twins);
       for (auto& [r, n] : s.reasons) spdlog::info("  rejected {:<20} {:>6}", r, n);
       return 0;
     };

@@ -6,7 +6,12 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <ctime>
+#include <fmt/chrono.h>
 #include <functional>
+#include <optional>
+#include <thread>
+#include <unistd.h>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -18,6 +23,7 @@
 #include "opforge/core/progress.h"
 #include "opforge/core/tasks.h"
 #include "opforge/core/worker_pool.h"
+#include "leases.h"
 
 namespace opforge::filter {
 
@@ -46,6 +52,31 @@ CREATE INDEX filter_results_verdict ON filter_results(verdict, reason);
 ALTER TABLE filter_results ADD COLUMN config TEXT;
 ALTER TABLE filter_results ADD COLUMN history TEXT NOT NULL DEFAULT '[]';
 CREATE TABLE filter_configs (hash TEXT PRIMARY KEY, config TEXT NOT NULL);  -- what each hash stands for
+)sql",
+                          // Several filters on one workspace (leases.h), and the twins' key.
+                          R"sql(
+CREATE TABLE filter_holders (
+  holder     TEXT PRIMARY KEY,  -- host/boot id/PID namespace/PID
+  host       TEXT NOT NULL,
+  boot       TEXT NOT NULL,     -- /proc/sys/kernel/random/boot_id
+  pidns      TEXT NOT NULL,
+  pid        INTEGER NOT NULL,
+  pid_start  TEXT NOT NULL,     -- the process's start time, so a reused PID is not taken for it
+  shard      TEXT NOT NULL,
+  started_at REAL NOT NULL,     -- unix seconds
+  heartbeat  REAL NOT NULL      -- unix seconds, refreshed while the holder runs
+);
+CREATE TABLE filter_leases (
+  task_id   TEXT PRIMARY KEY,   -- being judged by holder
+  holder    TEXT NOT NULL,
+  leased_at REAL NOT NULL
+);
+CREATE INDEX filter_leases_holder ON filter_leases(holder);
+CREATE TABLE task_keys (
+  task_id     TEXT PRIMARY KEY,
+  normal_hash TEXT NOT NULL     -- xxh3 of features.py's normal form, as dedup_results.normal_hash
+);
+CREATE INDEX task_keys_normal ON task_keys(normal_hash, task_id);
 )sql"});
 }
 
@@ -82,8 +113,10 @@ struct Verdict {
   json metrics = json::object(), ops = nullptr, calibration = json::array();
 };
 
-void record(Db& db, const std::string& id, const Verdict& v, const std::string& device, const std::string& config) {
-  db.transaction([&] {
+// Writes the verdict row; the caller holds the transaction.
+void write_verdict(Db& db, const std::string& id, const Verdict& v, const std::string& device,
+                   const std::string& config) {
+  {
     // The verdict this one replaces (a re-judged task) goes into its history, not away.
     json history = json::array();
     auto old = db.prepare(
@@ -105,26 +138,167 @@ void record(Db& db, const std::string& id, const Verdict& v, const std::string& 
     if (v.ops.is_null()) st.bind_null(6); else st.bind(6, v.ops.dump());
     st.bind(7, v.code).bind(8, v.calibration.dump()).bind(9, device).bind(10, config).bind(11, history.dump());
     st.run();
+  }
+}
+
+// One transaction per verdict, which also ends the task's lease.
+void record(Db& db, LeaseHolder& leases, const std::string& id, const Verdict& v, const std::string& device,
+            const std::string& config) {
+  db.transaction([&] {
+    write_verdict(db, id, v, device, config);
+    leases.release(id);
   });
 }
 
-// Candidates to judge: those without a verdict, and the stored verdicts --rejudge names.
-std::vector<Job> select_jobs(Db& db, const FilterOptions& opts, const std::string& config) {
-  std::vector<Job> jobs;
-  json reasons = opts.rejudge;
-  auto st = db.prepare(
-      "SELECT t.id, t.code, json_extract(t.provenance, '$.free_sizes') FROM tasks t LEFT JOIN filter_results f "
-      "ON f.task_id = t.id WHERE f.task_id IS NULL "
-      "OR (f.verdict = 'rejected' AND (f.reason IN (SELECT value FROM json_each(?1)) "
+// Which stored rows are to be judged (again) by this run: the SQL condition on a filter_results row
+// `f` (NULL: no verdict yet), with ?1 the --rejudge reasons, ?2 --rejudge-stale, ?3 this
+// configuration, ?4 whether twins are skipped. An exact_duplicate whose twin is no longer accepted
+// (rejudged since) is judged too.
+std::string is_job(const std::string& f) {
+  return fmt::format(
+      "({0}.task_id IS NULL "
+      "OR ({0}.verdict = 'rejected' AND ({0}.reason IN (SELECT value FROM json_each(?1)) "
       "    OR EXISTS (SELECT 1 FROM json_each(?1) WHERE value = 'all'))) "
-      "OR (?2 AND f.config IS NOT ?3) ORDER BY t.created_at, t.id");
-  st.bind(1, reasons.dump()).bind(2, static_cast<std::int64_t>(opts.rejudge_stale)).bind(3, config);
-  while (st.step()) {
-    json fs = st.is_null(2) ? json::array({"batch_size"}) : json::parse(st.text(2));
-    jobs.push_back({st.text(0), st.text(1), fs});
-    if (opts.limit > 0 && static_cast<int>(jobs.size()) >= opts.limit) break;
+      "OR (?2 AND {0}.config IS NOT ?3) "
+      "OR (?4 AND {0}.reason = 'exact_duplicate' AND NOT EXISTS (SELECT 1 FROM filter_results a "
+      "    WHERE a.task_id = json_extract({0}.metrics, '$.duplicate_of') AND a.verdict = 'accepted')))",
+      f);
+}
+
+struct Selection {
+  json reasons;
+  bool stale = false, twins = true;
+  std::string config;
+  Stmt& bind(Stmt& st) const {
+    return st.bind(1, reasons.dump()).bind(2, static_cast<std::int64_t>(stale)).bind(3, config)
+        .bind(4, static_cast<std::int64_t>(twins));
   }
-  return jobs;
+};
+
+// The shard as a SQL function, opforge_in_shard(task_id), on this connection.
+void register_shard(Db& db, Shard shard) {
+  auto fn = [](sqlite3_context* ctx, int, sqlite3_value** argv) {
+    const auto* s = static_cast<const Shard*>(sqlite3_user_data(ctx));
+    const auto* id = reinterpret_cast<const char*>(sqlite3_value_text(argv[0]));
+    sqlite3_result_int(ctx, id && in_shard(id, *s) ? 1 : 0);
+  };
+  int rc = sqlite3_create_function_v2(db.raw(), "opforge_in_shard", 1, SQLITE_UTF8 | SQLITE_DETERMINISTIC,
+                                      new Shard(shard), fn, nullptr, nullptr,
+                                      [](void* p) { delete static_cast<Shard*>(p); });
+  OPFORGE_CHECK(rc == SQLITE_OK, "registering the shard function failed: {}", sqlite3_errmsg(db.raw()));
+}
+
+// Tasks of the shard that are to be judged; with_leased: also those another filter holds now.
+long count_jobs(Db& db, const Selection& sel, bool with_leased) {
+  auto st = db.prepare(fmt::format(
+      "SELECT count(*) FROM tasks t LEFT JOIN filter_results f ON f.task_id = t.id WHERE {} AND opforge_in_shard(t.id) "
+      "AND (?5 OR NOT EXISTS (SELECT 1 FROM filter_leases l WHERE l.task_id = t.id))",
+      is_job("f")));
+  sel.bind(st).bind(5, static_cast<std::int64_t>(with_leased));
+  st.step();
+  return static_cast<long>(st.int64(0));
+}
+
+struct Twin {
+  std::string id, code, of;  // of: the accepted earlier twin
+};
+
+struct Claim {
+  std::vector<Job> jobs;     // leased to this process, to judge
+  std::vector<Twin> twins;   // recorded exact_duplicate
+  long waiting = 0;          // wait for an earlier twin's verdict (counted in full when jobs is empty)
+};
+
+// The shard's unleased tasks to judge, in order, each with the accepted earlier twin that makes it a
+// duplicate (NULL: none) and whether it waits: an earlier twin has no final verdict yet and is
+// being judged (leased), or will be by this shard.
+std::string claim_sql() {
+  return fmt::format(
+      "SELECT t.id, t.code, json_extract(t.provenance, '$.free_sizes'), "
+      "  CASE WHEN ?4 AND k.normal_hash IS NOT NULL THEN (SELECT min(s.task_id) FROM task_keys s "
+      "    JOIN filter_results a ON a.task_id = s.task_id WHERE s.normal_hash = k.normal_hash AND s.task_id < t.id "
+      "    AND a.verdict = 'accepted' AND NOT (?2 AND a.config IS NOT ?3)) END, "
+      "  ?4 AND k.normal_hash IS NOT NULL AND EXISTS (SELECT 1 FROM task_keys s LEFT JOIN filter_results b "
+      "    ON b.task_id = s.task_id WHERE s.normal_hash = k.normal_hash AND s.task_id < t.id AND {} "
+      "    AND (opforge_in_shard(s.task_id) OR EXISTS (SELECT 1 FROM filter_leases l WHERE l.task_id = s.task_id))) "
+      "FROM tasks t LEFT JOIN filter_results f ON f.task_id = t.id LEFT JOIN task_keys k ON k.task_id = t.id "
+      "WHERE {} AND opforge_in_shard(t.id) AND NOT EXISTS (SELECT 1 FROM filter_leases l WHERE l.task_id = t.id) "
+      "ORDER BY t.created_at, t.id",
+      is_job("b"), is_job("f"));
+}
+
+// Inside one BEGIN IMMEDIATE: takes over the leases of filters that are gone, records the twins
+// of accepted tasks, and leases up to `want` tasks to this process.
+Claim claim(Db& db, LeaseHolder& leases, const Selection& sel, std::size_t want, const std::string& device) {
+  Claim c;
+  db.transaction([&] {
+    leases.expire_dead();
+    {
+      auto st = db.prepare(claim_sql());
+      sel.bind(st);
+      while (c.jobs.size() < want && st.step()) {
+        if (!st.is_null(3)) {
+          c.twins.push_back({st.text(0), st.text(1), st.text(3)});
+        } else if (st.int64(4) != 0) {
+          ++c.waiting;
+        } else {
+          json fs = st.is_null(2) ? json::array({"batch_size"}) : json::parse(st.text(2));
+          c.jobs.push_back({st.text(0), st.text(1), fs});
+        }
+      }
+    }
+    for (auto& t : c.twins) {
+      Verdict v{"rejected", "exact_duplicate",
+                fmt::format("same normal form (python/opforge/features.py) as the accepted task {}; not run, as "
+                            "dedup would drop it",
+                            t.of),
+                t.code};
+      v.metrics = {{"duplicate_of", t.of}};
+      write_verdict(db, t.id, v, device, sel.config);
+    }
+    for (auto& j : c.jobs) leases.lease(j.id);
+  });
+  return c;
+}
+
+// The twins' key (features.py's normal form; no task code runs) of every task that has none, in
+// batches in the pool. Every task, not only this shard's: an earlier twin may be in another one.
+void compute_keys(WorkerPool& pool, Db& db) {
+  std::vector<std::pair<std::string, std::string>> todo;
+  {
+    auto st = db.prepare(
+        "SELECT t.id, t.code FROM tasks t WHERE NOT EXISTS (SELECT 1 FROM task_keys k WHERE k.task_id = t.id) "
+        "ORDER BY t.id");
+    while (st.step()) todo.emplace_back(st.text(0), st.text(1));
+  }
+  if (todo.empty()) return;
+  constexpr std::size_t kBatch = 256;
+  std::vector<json> reqs;
+  for (std::size_t b = 0; b < todo.size(); b += kBatch) {
+    json items = json::array();
+    // ops given (empty): the key needs no op sequence read from the AST.
+    for (std::size_t i = b; i < std::min(todo.size(), b + kBatch); ++i)
+      items.push_back({{"code", todo[i].second}, {"ops", json::array()}});
+    reqs.push_back({{"op", "features"}, {"args", {{"items", items}}}});
+  }
+  Progress progress("filter keys", todo.size());
+  pool.run(reqs, [&](WorkerResult&& r) {
+    // Pure ast: a failure is a broken installation, not a bad task.
+    OPFORGE_CHECK(r.outcome == Outcome::ok && r.reply.value("ok", false),
+                  "computing the normal forms of tasks failed ({} {}: {}); see the workers' log, or run with "
+                  "--judge-twins", outcome_name(r.outcome), r.reason, r.reply.value("message", ""));
+    const json& res = r.reply["result"];
+    db.transaction([&] {
+      auto st = db.prepare("INSERT OR IGNORE INTO task_keys(task_id, normal_hash) VALUES(?, ?)");
+      for (std::size_t k = 0; k < res.size(); ++k) {
+        st.reset();
+        st.bind(1, todo[r.index * kBatch + k].first).bind(2, fmt::format("{:016x}", xxh3_64(res[k]["normal"].get<std::string>())));
+        st.run();
+      }
+    });
+    progress.tick(res.size());
+  });
+  progress.finish();
 }
 
 void warn_stale(Db& db, const std::string& config) {
@@ -219,13 +393,14 @@ json attempt_of(const Verdict& v, const char* how) {
   return {{"how", how}, {"verdict", v.verdict}, {"reason", v.reason.empty() ? json(nullptr) : json(v.reason)}};
 }
 
-using Retry = std::vector<std::pair<std::size_t, Verdict>>;  // (job index, the verdict made with the workers)
+using Retry = std::vector<std::pair<Job, Verdict>>;  // (the task, the verdict made with the workers)
 
 // Tasks that failed for an environment reason, judged again by one worker with the memory every
 // worker had (on a GPU: the whole first GPU, the other workers gone); both attempts are recorded.
-void judge_alone(Workspace& ws, const FilterOptions& opts, const std::string& device,
-                 const std::vector<std::string>& gpu_ids, int shared_by, const std::vector<Job>& jobs,
-                 const Retry& again, const std::string& config, const std::function<void(const Verdict&)>& count) {
+// Their leases were kept until now.
+void judge_alone(Workspace& ws, LeaseHolder& leases, const FilterOptions& opts, const std::string& device,
+                 const std::vector<std::string>& gpu_ids, int shared_by, const Retry& again, const std::string& config,
+                 const std::function<void(const Verdict&)>& count) {
   FilterOptions alone = opts;
   alone.memory_limit_mb = opts.memory_limit_mb * static_cast<std::size_t>(shared_by);
   std::vector<std::string> one_gpu;
@@ -233,21 +408,63 @@ void judge_alone(Workspace& ws, const FilterOptions& opts, const std::string& de
   spdlog::info("{} candidates failed for a reason that may be the environment's (out_of_memory under a worker's "
                "share, worker_crash); judging them again alone", again.size());
   std::vector<json> reqs;
-  for (auto& [i, v] : again) reqs.push_back(judge_request(jobs[i], opts, device));
+  for (auto& [job, v] : again) reqs.push_back(judge_request(job, opts, device));
   WorkerPool pool(pool_options(alone, device, one_gpu, 1, ws));
   Progress progress("filter alone", reqs.size());
   pool.run(reqs, [&](WorkerResult&& r) {
-    const auto& [i, first] = again[r.index];
-    with_context(fmt::format("while recording the verdict of task {}", jobs[i].id), [&] {
-      Verdict v = verdict_of(r, jobs[i]);
+    const auto& [job, first] = again[r.index];
+    with_context(fmt::format("while recording the verdict of task {}", job.id), [&] {
+      Verdict v = verdict_of(r, job);
       if (!v.metrics.is_object()) v.metrics = json::object();
       v.metrics["attempts"] = json::array({attempt_of(first, "shared"), attempt_of(v, "alone")});
-      record(ws.db(), jobs[i].id, v, device, config);
+      record(ws.db(), leases, job.id, v, device, config);
       count(v);
     });
     progress.tick(1, "");
   });
   progress.finish();
+}
+
+std::string shard_text(Shard s) { return fmt::format("{}/{}", s.index, s.count); }
+
+std::filesystem::path done_marker(const Workspace& ws, Shard s) {
+  return ws.root() / "done" / fmt::format("filter.shard-{}-of-{}.json", s.index, s.count);
+}
+
+// When nothing of the shard is left to judge (by any filter), writes its completion marker, so an
+// array job submitted again can see the shard finished; otherwise removes a marker left from
+// before new tasks came. Written whole (rename), as another shard's job may be reading it.
+void mark_shard(Workspace& ws, const FilterOptions& opts, const Selection& sel, const FilterSummary& sum) {
+  Db& db = ws.db();
+  auto marker = done_marker(ws, opts.shard);
+  std::error_code ec;
+  if (long left = count_jobs(db, sel, true); left > 0) {
+    if (std::filesystem::remove(marker, ec))
+      spdlog::info("shard {} is not finished ({} tasks left): removed {}", shard_text(opts.shard), left, marker.string());
+    return;
+  }
+  json totals = {{"tasks", 0}, {"accepted", 0}, {"rejected", 0}, {"exact_duplicate", 0}};
+  auto st = db.prepare(
+      "SELECT count(*), coalesce(sum(f.verdict = 'accepted'), 0), coalesce(sum(f.verdict = 'rejected'), 0), "
+      "coalesce(sum(f.reason = 'exact_duplicate'), 0) FROM tasks t LEFT JOIN filter_results f ON f.task_id = t.id "
+      "WHERE opforge_in_shard(t.id)");
+  st.step();
+  totals = {{"tasks", st.int64(0)}, {"accepted", st.int64(1)}, {"rejected", st.int64(2)}, {"exact_duplicate", st.int64(3)}};
+  json m = {{"stage", "filter"},
+            {"shard", shard_text(opts.shard)},
+            {"config", sel.config},
+            {"finished_at", fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", fmt::gmtime(std::time(nullptr)))},
+            {"shard_verdicts", totals},
+            {"this_run", {{"judged", sum.judged}, {"accepted", sum.accepted}, {"rejected", sum.rejected},
+                          {"twins", sum.twins}}}};
+  std::filesystem::create_directories(marker.parent_path());
+  auto tmp = marker;
+  tmp += fmt::format(".tmp{}", ::getpid());
+  { std::ofstream(tmp) << m.dump(2) << "\n"; }
+  std::filesystem::rename(tmp, marker);
+  spdlog::info("shard {} finished: {} tasks, {} accepted, {} rejected ({} exact duplicates); marker {}",
+               shard_text(opts.shard), totals["tasks"].get<long>(), totals["accepted"].get<long>(),
+               totals["rejected"].get<long>(), totals["exact_duplicate"].get<long>(), marker.string());
 }
 
 }  // namespace
@@ -295,41 +512,101 @@ FilterSummary filter(Workspace& ws, const FilterOptions& opts) {
   });
   if (!opts.rejudge_stale) warn_stale(db, config);
 
-  std::vector<Job> jobs = select_jobs(db, opts, config);
-  if (jobs.empty()) {
-    spdlog::info("nothing to filter: every candidate has a verdict");
+  register_shard(db, opts.shard);
+  const Selection sel{opts.rejudge, opts.rejudge_stale, !opts.judge_twins, config};
+  const std::string where = opts.shard.count > 1 ? fmt::format(" of shard {}", shard_text(opts.shard)) : "";
+  LeaseHolder leases(db, opts.lease_stale_s, shard_text(opts.shard));
+  db.transaction([&] { leases.expire_dead(); });  // what a filter that is gone held is to do again
+  const long todo = count_jobs(db, sel, false);
+  if (todo == 0) {
+    long leased = count_jobs(db, sel, true);
+    if (leased > 0) {
+      spdlog::info("nothing to filter here: the {} candidates{} left are being judged by another filter", leased, where);
+    } else if (std::filesystem::exists(done_marker(ws, opts.shard))) {
+      spdlog::info("nothing to filter: every candidate{} has a verdict (finished before: {})", where,
+                   done_marker(ws, opts.shard).string());
+    } else {
+      spdlog::info("nothing to filter: every candidate{} has a verdict", where);
+      mark_shard(ws, opts, sel, sum);
+    }
     return sum;
   }
-  workers = std::min<int>(workers, static_cast<int>(jobs.size()));
-  std::vector<json> reqs;
-  for (auto& j : jobs) reqs.push_back(judge_request(j, opts, device));
-  spdlog::info("filtering {} candidates on {} with {} workers{}", jobs.size(), device, workers,
+  workers = std::min<int>(workers, static_cast<int>(todo));
+  spdlog::info("filtering {} candidates{} on {} with {} workers{}", todo, where, device, workers,
                device == "cuda" ? fmt::format(" over {} GPU(s)", gpus) : "");
   auto count = [&](const Verdict& v) {
     ++sum.judged;
     v.verdict == "accepted" ? ++sum.accepted : ++sum.rejected;
     if (v.verdict != "accepted") ++sum.reasons[v.reason];
   };
-  std::vector<std::pair<std::size_t, Verdict>> again;  // environment failures, judged again alone
-  {
-    WorkerPool pool(pool_options(opts, device, gpu_ids, workers, ws));
-    Progress progress("filter", jobs.size());
-    pool.run(reqs, [&](WorkerResult&& r) {
-      const Job& job = jobs[r.index];
-      with_context(fmt::format("while recording the verdict of task {}", job.id), [&] {
-        Verdict v = verdict_of(r, job);
-        if (environment_reason(v) && workers > 1) {
-          again.emplace_back(r.index, std::move(v));
-          return;
-        }
-        record(db, job.id, v, device, config);
-        count(v);
-      });
-      progress.tick(1, fmt::format("{} accepted, {} rejected", sum.accepted, sum.rejected));
+  std::optional<WorkerPool> pool;
+  auto ensure_pool = [&]() -> WorkerPool& {
+    if (!pool) pool.emplace(pool_options(opts, device, gpu_ids, workers, ws));
+    return *pool;
+  };
+  if (sel.twins) compute_keys(ensure_pool(), db);
+
+  Progress progress("filter", static_cast<std::size_t>(todo));
+  Retry again;               // environment failures, judged again alone
+  std::vector<Job> running;  // by request index of the current pool run
+  long claimed = 0, waiting = 0;
+  // A few tasks per worker at a time: enough to keep the pool fed, few enough that filters sharing
+  // the workspace split the work evenly.
+  auto feed = [&]() -> std::vector<json> {
+    std::size_t want = static_cast<std::size_t>(workers);
+    if (opts.limit > 0) want = static_cast<std::size_t>(std::max(0L, std::min<long>(workers, opts.limit - claimed)));
+    if (want == 0) return {};
+    Claim c = claim(db, leases, sel, want, device);
+    claimed += static_cast<long>(c.jobs.size());
+    waiting = c.waiting;
+    sum.twins += static_cast<long>(c.twins.size());
+    if (!c.twins.empty()) progress.tick(c.twins.size(), "");
+    std::vector<json> reqs;
+    for (auto& j : c.jobs) {
+      reqs.push_back(judge_request(j, opts, device));
+      running.push_back(std::move(j));
+    }
+    return reqs;
+  };
+  auto on_result = [&](WorkerResult&& r) {
+    const Job& job = running[r.index];
+    with_context(fmt::format("while recording the verdict of task {}", job.id), [&] {
+      Verdict v = verdict_of(r, job);
+      if (environment_reason(v) && workers > 1) {
+        again.emplace_back(job, std::move(v));  // its lease is kept until then
+        return;
+      }
+      record(db, leases, job.id, v, device, config);
+      count(v);
     });
-    progress.finish();
+    progress.tick(1, fmt::format("{} accepted, {} rejected, {} twins", sum.accepted, sum.rejected, sum.twins));
+  };
+  bool said_waiting = false;
+  for (;;) {
+    running.clear();
+    std::vector<json> first = feed();
+    if (!first.empty()) {
+      ensure_pool().run_fed([&] { return first.empty() ? feed() : std::exchange(first, {}); }, on_result);
+      continue;
+    }
+    if (!again.empty()) {
+      pool.reset();  // alone means alone: the shared workers go first
+      judge_alone(ws, leases, opts, device, gpu_ids, workers, again, config, count);
+      again.clear();
+      continue;
+    }
+    if (waiting == 0 || (opts.limit > 0 && claimed >= opts.limit)) break;
+    // Twins whose earlier twin another filter is judging: its verdict decides whether they run.
+    if (!std::exchange(said_waiting, true))
+      spdlog::info("{} candidates wait for the verdict of an earlier twin another filter is judging", waiting);
+    std::this_thread::sleep_for(std::chrono::seconds(1));
   }
-  if (!again.empty()) judge_alone(ws, opts, device, gpu_ids, workers, jobs, again, config, count);
+  progress.finish();
+  pool.reset();
+  if (sum.twins > 0)
+    spdlog::info("{} twins of accepted tasks recorded exact_duplicate without running (--judge-twins runs them)",
+                 sum.twins);
+  mark_shard(ws, opts, sel, sum);
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return sum;
 }
@@ -414,6 +691,10 @@ json status(Db& db) {
     if (st.text(0) == "rejected") out["reasons"][st.text(1)] = st.int64(2);
   }
   out["pending"] = tasks::count(db) - out["judged"].get<long>();
+  // Of those, being judged now by some filter (leases.h; a gone filter's until the next claim).
+  auto le = db.prepare("SELECT count(*) FROM filter_leases");
+  le.step();
+  out["leased"] = le.int64(0);
   // Verdicts by the configuration they were made under (more than one: see `filter --rejudge-stale`).
   out["configs"] = json::object();
   auto cf = db.prepare("SELECT coalesce(config, 'unrecorded'), count(*) FROM filter_results GROUP BY 1 ORDER BY 1");

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "opforge/core/shard.h"
 #include "opforge/core/store.h"
 
 namespace opforge::filter {
@@ -34,6 +35,14 @@ struct FilterOptions {
   // Checks of installed packages (entry point group "opforge.checks") to run after the built-in
   // eager checks; part of the configuration too.
   std::vector<std::string> extra_checks;
+  // Only the tasks of this shard (core/shard.h); a finished shard leaves done/filter.shard-I-of-N.json.
+  Shard shard;
+  // Judge every twin (tasks of one normal form, features.py) instead of the first of each until one
+  // is accepted; the rest are recorded exact_duplicate without running, as dedup would drop them.
+  bool judge_twins = false;
+  // A filter on another host (or PID namespace) whose heartbeat is older than this is gone, and
+  // its leases are taken over; on this host a gone PID says so at once.
+  double lease_stale_s = 300;
 };
 
 // The checks a run may switch off, in the order they run (python/opforge/filter.py: CHECKS).
@@ -48,6 +57,7 @@ nlohmann::json config_of(const FilterOptions& o, const std::string& device);
 
 struct FilterSummary {
   long judged = 0, accepted = 0, rejected = 0;
+  long twins = 0;  // recorded exact_duplicate of an accepted twin without running
   std::map<std::string, long> reasons;
   double seconds = 0;
 };
@@ -56,6 +66,11 @@ void migrate(Db& db);
 // Judges the candidates without a verdict (and those --rejudge names). A task rejected for
 // out_of_memory or worker_crash while sharing the machine is judged again alone before its
 // rejection stands (metrics.attempts records both).
+//
+// Safe to run in several processes on one workspace: each claims a few tasks at a time under a
+// lease (leases.h), so no task is judged twice and together they judge every one. Twins (one
+// normal form) are judged in id order until one is accepted; the later ones are then recorded
+// exact_duplicate naming it, which leaves dedup's kept set as if all had been judged.
 FilterSummary filter(Workspace& ws, const FilterOptions& opts);
 
 struct ImportSummary {

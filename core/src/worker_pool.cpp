@@ -14,6 +14,7 @@
 #include <cstring>
 #include <deque>
 #include <thread>
+#include <utility>
 
 #include "opforge/core/error.h"
 #include "opforge/core/paths.h"
@@ -217,9 +218,16 @@ void WorkerPool::reap(Worker& w, const std::string& why_if_alive) {
 
 void WorkerPool::run(const std::vector<nlohmann::json>& requests,
                      const std::function<void(WorkerResult&&)>& on_result) {
+  bool given = false;
+  run_fed([&] { return std::exchange(given, true) ? std::vector<nlohmann::json>{} : requests; }, on_result);
+}
+
+void WorkerPool::run_fed(const std::function<std::vector<nlohmann::json>()>& more,
+                         const std::function<void(WorkerResult&&)>& on_result) {
+  std::vector<nlohmann::json> requests;
   std::deque<std::size_t> pending;
-  for (std::size_t i = 0; i < requests.size(); ++i) pending.push_back(i);
   std::size_t done = 0;
+  bool ask = true;  // at the start, and after each result
   const std::size_t limit_mb = opts_.memory_limit_mb;
 
   auto kill_worker = [&](Worker& w, Outcome outcome, std::string reason) {
@@ -251,6 +259,7 @@ void WorkerPool::run(const std::vector<nlohmann::json>& requests,
       r.seconds = std::chrono::duration<double>(Clock::now() - w.started).count();
       spdlog::debug("worker {} request {}: {} ({})", w.slot, w.job, outcome_name(r.outcome), r.reason);
       ++done;
+      ask = true;
       on_result(std::move(r));
     }
   };
@@ -279,6 +288,7 @@ void WorkerPool::run(const std::vector<nlohmann::json>& requests,
     w.state = Worker::State::idle;
     w.err_tail.clear();
     ++done;
+    ask = true;
     on_result(std::move(r));
   };
 
@@ -308,7 +318,15 @@ void WorkerPool::run(const std::vector<nlohmann::json>& requests,
     return true;
   };
 
-  while (done < requests.size()) {
+  for (;;) {
+    if (ask && pending.empty()) {
+      ask = false;
+      for (auto& req : more()) {
+        pending.push_back(requests.size());
+        requests.push_back(std::move(req));
+      }
+    }
+    if (done == requests.size()) break;  // nothing in flight, and `more` had nothing
     // Keep the pool full while there is work, and hand work to idle workers.
     for (auto& wp : workers_) {
       Worker& w = *wp;

@@ -62,6 +62,11 @@ class WorkerPool {
   // Runs every request on some worker; on_result is called once per request as it finishes
   // (completion order). Workers persist across calls.
   void run(const std::vector<nlohmann::json>& requests, const std::function<void(WorkerResult&&)>& on_result);
+  // The same for work handed out as it is claimed (the filter's leases): `more` is asked for
+  // requests at the start and whenever a result leaves none waiting; their indices continue those
+  // handed out before. Returns when `more` gives none and no request is in flight.
+  void run_fed(const std::function<std::vector<nlohmann::json>()>& more,
+               const std::function<void(WorkerResult&&)>& on_result);
   // One request, synchronously.
   WorkerResult call(const nlohmann::json& request);
 
