@@ -269,10 +269,12 @@ std::pair<fs::path, fs::path> write_sbatch(const Launch& l, const std::vector<in
       ranges(pending), l.o.cpus, l.logs().string());
   if (l.o.gpus > 0) shards += fmt::format("#SBATCH --gres=gpu:{}\n", l.o.gpus);
   shards += common + "exec bash " + sh_quote((l.dir() / "shard.sh").string()) + " \"$SLURM_ARRAY_TASK_ID\"\n";
-  // The merge waits for the array through --dependency=afterok:ARRAY_ID, given at submission.
+  // The merge waits for the array through --dependency=afterok:ARRAY_ID, given at submission;
+  // when a shard fails Slurm cancels it (kill-on-invalid-dep) instead of leaving it pending
+  // forever, so a resubmission starts clean.
   std::string merge = fmt::format(
       "#!/bin/bash\n#SBATCH --job-name=opforge-merge\n#SBATCH --cpus-per-task={}\n#SBATCH --output={}/merge.out\n"
-      "#SBATCH --open-mode=append\n{}exec bash {}\n",
+      "#SBATCH --open-mode=append\n#SBATCH --kill-on-invalid-dep=yes\n{}exec bash {}\n",
       l.o.cpus, l.logs().string(), common, sh_quote((l.dir() / "merge.sh").string()));
   fs::path a = l.dir() / "shards.sbatch", m = l.dir() / "merge.sbatch";
   if (!pending.empty()) write_script(a, shards);

@@ -211,13 +211,17 @@ TEST(Launchers, SlurmArrayAndAfterokMergeMakeTheCorpusOfOneProcess) {
   EXPECT_EQ(LocalSlurm::state(ids["shards"]).first, "COMPLETED");
   expect_same_corpus(root, ref);
 
-  // Submitted again: both shards have their marker, so only the merge job is submitted.
+  // Shard 1 lost (as if its node died before staging), submitted again: the array holds shard 1
+  // alone, shard 0 is left as it was, and the merge sees both.
+  auto marker0 = test::read_file(root / "shards/0/done/launch.shard-0-of-2.json");
+  fs::remove_all(root / "shards" / "1");
   r = test::run_opforge(args);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   ids = job_ids(r.out);
-  EXPECT_FALSE(ids.count("shards")) << r.out;
-  ASSERT_TRUE(ids.count("merge")) << r.out << r.err;
-  EXPECT_EQ(LocalSlurm::wait(ids["merge"], 300), "COMPLETED") << logs_of(root);
+  ASSERT_TRUE(ids.count("shards") && ids.count("merge")) << r.out << r.err;
+  EXPECT_NE(test::read_file(root / "launch" / "shards.sbatch").find("#SBATCH --array=1\n"), std::string::npos);
+  EXPECT_EQ(LocalSlurm::wait(ids["merge"], 600), "COMPLETED") << logs_of(root);
+  EXPECT_EQ(test::read_file(root / "shards/0/done/launch.shard-0-of-2.json"), marker0) << "shard 0 ran again";
   expect_same_corpus(root, ref);
 }
 
