@@ -254,8 +254,14 @@ std::vector<int> pending_shards(const Launch& l) {
 
 // ---- opforge slurm ----
 
+// Sorted indices as Slurm's array list: 0-3,5,7-9.
 std::string ranges(const std::vector<int>& v) {
-  return fmt::format("{}", fmt::join(v, ","));
+  std::vector<std::string> parts;
+  for (std::size_t i = 0, j; i < v.size(); i = j) {
+    for (j = i + 1; j < v.size() && v[j] == v[j - 1] + 1;) ++j;
+    parts.push_back(j - i == 1 ? std::to_string(v[i]) : fmt::format("{}-{}", v[i], v[j - 1]));
+  }
+  return fmt::format("{}", fmt::join(parts, ","));
 }
 
 // The array (one task per pending shard) and the merge job, each a complete sbatch file: the
@@ -317,8 +323,11 @@ int run_slurm(const LaunchOptions& o, const Args& sbatch_args, bool submit) {
   auto pending = pending_shards(l);
   auto [array, merge] = write_sbatch(l, pending, sbatch_args);
   if (!submit) {
-    spdlog::info("launch: submit with: id=$(sbatch --parsable {}) && sbatch --dependency=afterok:$id {}",
-                 array.string(), merge.string());
+    if (pending.empty())
+      spdlog::info("launch: every shard has finished; submit the merge with: sbatch {}", merge.string());
+    else
+      spdlog::info("launch: submit with: id=$(sbatch --parsable {}) && sbatch --dependency=afterok:$id {}",
+                   array.string(), merge.string());
     if (!pending.empty()) std::cout << array.string() << "\n";
     std::cout << merge.string() << "\n";
     return 0;

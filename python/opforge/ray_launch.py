@@ -103,16 +103,22 @@ def run_shards(args, pending):
     return sorted(failed)
 
 
+def expand(part):
+    """`3` or `0-3` of the launcher's index list."""
+    lo, _, hi = part.partition("-")
+    return range(int(lo), int(hi or lo) + 1)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--address", default="auto")
     ap.add_argument("--root", required=True)
     ap.add_argument("--shards", type=int, required=True)
-    ap.add_argument("--pending", default="", help="comma-separated shard indices without a completion marker")
+    ap.add_argument("--pending", default="", help="the shards without a completion marker, e.g. 0-3,5")
     ap.add_argument("--gpus-per-shard", type=float, default=0)
     ap.add_argument("--cpus-per-shard", type=float, default=1)
     args = ap.parse_args()
-    pending = [int(x) for x in args.pending.split(",") if x]
+    pending = [i for part in args.pending.split(",") if part for i in expand(part)]
     connect(args.address)
     check_fits(args.gpus_per_shard, args.cpus_per_shard)
     log(f"{len(pending)} of {args.shards} shards to run on {args.address}")
