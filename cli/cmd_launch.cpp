@@ -346,7 +346,9 @@ int run_slurm(const LaunchOptions& o, const Args& sbatch_args, bool submit) {
   }
   merge_args.push_back(merge.string());
   std::cout << "merge\t" << sbatch(exe, merge_args) << "\n";
-  spdlog::info("launch: logs in {}; the export will be in {}", l.logs().string(), (l.root / "merged" / "export").string());
+  spdlog::info("launch: progress: squeue, the logs in {}, `opforge status {}/*` over the finished shards; the export "
+               "will be in {}",
+               l.logs().string(), (l.root / "shards").string(), (l.root / "merged" / "export").string());
   return 0;
 }
 

@@ -65,12 +65,13 @@ def connect(address):
 
 
 def check_fits(gpus, cpus):
-    """A task that asks for more than any node has waits forever in Ray: say so now."""
+    """A task that asks for more than any node has waits in Ray until a node that fits joins (an
+    autoscaler may add one), silently: say so now."""
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     if not any(r.get("GPU", 0) >= gpus and r.get("CPU", 0) >= cpus for r in nodes):
         have = ", ".join(f"{r.get('CPU', 0):g} CPUs/{r.get('GPU', 0):g} GPUs" for r in nodes) or "no live node"
-        raise SystemExit(f"opforge ray: no node of the cluster has {cpus} CPUs and {gpus} GPUs for one shard "
-                         f"(--cpus-per-shard, --gpus-per-shard); its nodes: {have}")
+        log(f"warning: no live node of the cluster has {cpus:g} CPUs and {gpus:g} GPUs for one shard "
+            f"(--cpus-per-shard, --gpus-per-shard; its nodes: {have}): the shards wait until one joins")
 
 
 def runtime_env():
@@ -130,8 +131,11 @@ def main():
     log("merging, dedup, export")
     merge = ray.remote(run_script).options(num_cpus=1, max_retries=1, name="opforge-merge",
                                            runtime_env=runtime_env())
-    rc, host, out = ray.get(merge.remote(os.path.join(args.root, "launch", "merge.sh"), [],
-                                         os.path.join(args.root, "logs", "merge.out")))
+    try:
+        rc, host, out = ray.get(merge.remote(os.path.join(args.root, "launch", "merge.sh"), [],
+                                             os.path.join(args.root, "logs", "merge.out")))
+    except ray.exceptions.RayError as e:  # its worker or node died
+        rc, host, out = f"lost ({type(e).__name__})", "?", ""
     if rc != 0:
         log(f"the merge failed on {host} (status {rc}): see {os.path.join(args.root, 'logs', 'merge.out')}")
         return 1
