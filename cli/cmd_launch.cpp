@@ -22,6 +22,7 @@
 #include "commands.h"
 #include "opforge/core/error.h"
 #include "opforge/core/files.h"
+#include "opforge/core/hash.h"
 #include "opforge/core/paths.h"
 
 namespace opforge::cli {
@@ -192,6 +193,12 @@ struct Launch {
   std::string marker(int i) const {
     return fmt::format("shards/{}/done/launch.shard-{}-of-{}.json", i, i, o.shards);
   }
+  // What a shard's result depends on, written into its marker: a finished shard is reused only
+  // by a run with the same stages and compose/filter options (dedup and export may change).
+  std::string config() const {
+    return xxh3_hex(json{{"stages", stages}, {"shards", o.shards}, {"compose", args.compose}, {"filter", args.filter}}
+                        .dump());
+  }
 };
 
 Launch resolve(const std::string& command, const LaunchOptions& o) {
@@ -225,9 +232,9 @@ void write_script(const fs::path& p, const std::string& text) {
 std::string script_header(const Launch& l, const std::string& body) {
   return fmt::format(
       "#!/usr/bin/env bash\n# Written by `opforge {}` from data/launchers/{} (the part below the variables).\n"
-      "OPFORGE={}\nBASE={}\nROOT={}\nSHARDS={}\nSTAGES={}\n",
-      l.command, body, sh_quote(l.bin.string()),
-      sh_quote(l.base.string()), sh_quote(l.root.string()), l.o.shards, sh_array(l.stages));
+      "OPFORGE={}\nBASE={}\nROOT={}\nSHARDS={}\nSTAGES={}\nCONFIG={}\n",
+      l.command, body, sh_quote(l.bin.string()), sh_quote(l.base.string()), sh_quote(l.root.string()), l.o.shards,
+      sh_array(l.stages), l.config());
 }
 
 // LAUNCH/shard.sh and LAUNCH/merge.sh: the launchers' common part, run by sbatch or by Ray tasks.
@@ -242,11 +249,22 @@ void write_stage_scripts(const Launch& l) {
                                          read_text(data_dir() / "launchers" / "merge.sh"));
 }
 
-// The shards without a completion marker: a resubmission launches only these.
+// The shards without a completion marker: a resubmission launches only these. A shard finished
+// under other options is an error: mixing it in would merge two different corpora.
 std::vector<int> pending_shards(const Launch& l) {
   std::vector<int> out;
-  for (int i = 0; i < l.o.shards; ++i)
-    if (!fs::exists(l.root / l.marker(i))) out.push_back(i);
+  for (int i = 0; i < l.o.shards; ++i) {
+    fs::path m = l.root / l.marker(i);
+    if (!fs::exists(m)) {
+      out.push_back(i);
+      continue;
+    }
+    std::string had = json::parse(read_text(m), nullptr, false).value("config", "");
+    OPFORGE_CHECK(had == l.config(),
+                  "{} finished with other stages or compose/filter options (config {}, now {}): run with those "
+                  "options, or use another --workspace-root (or remove {}) to start over",
+                  (l.root / "shards" / std::to_string(i)).string(), had, l.config(), (l.root / "shards").string());
+  }
   spdlog::info("launch: {} of {} shards to run{}", out.size(), l.o.shards,
                out.size() < static_cast<std::size_t>(l.o.shards) ? " (the others have finished)" : "");
   return out;

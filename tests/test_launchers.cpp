@@ -317,6 +317,12 @@ TEST(Launchers, RayTasksAndAMergeTaskMakeTheCorpusOfOneProcess) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("0 of 2 shards to run"), std::string::npos) << r.err;
   expect_same_corpus(root, dir / "ref");
+
+  // Other compose options on the same root: the finished shards are not mixed into another corpus.
+  args.push_back("--compose-arg=--edge-smoothing=1");
+  r = test::run_opforge(args);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("finished with other stages or compose/filter options"), std::string::npos) << r.err;
 }
 
 }  // namespace

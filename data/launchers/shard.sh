@@ -1,6 +1,7 @@
 # Body of LAUNCH/shard.sh, which `opforge slurm` and `opforge ray` write with these variables set
 # above it: OPFORGE (the binary), BASE (the crawled workspace), ROOT (--workspace-root, on a
-# filesystem every node sees), SHARDS, STAGES, COMPOSE_ARGS and FILTER_ARGS (arrays).
+# filesystem every node sees), SHARDS, STAGES, COMPOSE_ARGS and FILTER_ARGS (arrays), and CONFIG
+# (a hash of the stages and options, kept in the marker).
 # `shard.sh I` runs shard I of SHARDS: copy the base's database to node-local disk, run the stages
 # there, write the completion marker, then stage the workspace to ROOT/shards/I in one rename.
 # A shard whose marker is already in ROOT/shards/I is skipped, so a resubmitted array (or a
@@ -13,6 +14,10 @@ marker=done/launch.$tag.json
 log() { printf '[opforge %s %s] %s\n' "$tag" "$(date -u +%H:%M:%S)" "$*" >&2; }
 
 if [ -f "$dest/$marker" ]; then
+  if ! grep -q "\"config\": \"$CONFIG\"" "$dest/$marker"; then
+    log "$dest finished with other options than these ($CONFIG): remove it, or run with those options"
+    exit 1
+  fi
   log "already finished ($dest/$marker exists): skipping"
   exit 0
 fi
@@ -43,8 +48,8 @@ for stage in "${STAGES[@]}"; do
 done
 
 mkdir -p "$ws/done"
-printf '{"shard": %d, "shards": %d, "stages": "%s", "host": "%s", "seconds": %d, "finished": "%s"}\n' \
-  "$i" "$SHARDS" "${STAGES[*]}" "$(hostname)" $(($(date +%s) - start)) "$(date -u +%FT%TZ)" > "$ws/$marker"
+printf '{"shard": %d, "shards": %d, "config": "%s", "stages": "%s", "host": "%s", "seconds": %d, "finished": "%s"}\n' \
+  "$i" "$SHARDS" "$CONFIG" "${STAGES[*]}" "$(hostname)" $(($(date +%s) - start)) "$(date -u +%FT%TZ)" > "$ws/$marker"
 # Staged under a hidden name first (ROOT/shards/* never matches it), then renamed: ROOT/shards/I
 # appears whole or not at all. Two attempts of one shard (a retried task) stage apart.
 mkdir -p "$ROOT/shards"
@@ -52,7 +57,7 @@ partial=$ROOT/shards/.$i.partial.$(hostname).$$
 rm -rf "$partial"
 cp -r "$ws" "$partial"
 if ! mv -T "$partial" "$dest" 2> /dev/null; then
-  if [ -f "$dest/$marker" ]; then
+  if grep -q "\"config\": \"$CONFIG\"" "$dest/$marker" 2> /dev/null; then
     log "another attempt staged $dest first: keeping it"
     rm -rf "$partial"
     exit 0
