@@ -139,6 +139,7 @@ void write_verdict(Db& db, const std::string& id, const Verdict& v, const std::s
     st.bind(7, v.code).bind(8, v.calibration.dump()).bind(9, device).bind(10, config).bind(11, history.dump());
     st.run();
   }
+  db.prepare("INSERT OR IGNORE INTO temp.filter_done_here(task_id) VALUES(?)").bind(1, id).run();
 }
 
 // One transaction per verdict, which also ends the task's lease.
@@ -152,12 +153,16 @@ void record(Db& db, LeaseHolder& leases, const std::string& id, const Verdict& v
 
 // Which stored rows are to be judged (again) by this run: the SQL condition on a filter_results row
 // `f` (NULL: no verdict yet), with ?1 the --rejudge reasons, ?2 --rejudge-stale, ?3 this
-// configuration, ?4 whether twins are skipped. An exact_duplicate whose twin is no longer accepted
-// (rejudged since) is judged too.
+// configuration, ?4 whether twins are skipped, ?6 when this run started. A rejection judged again
+// may well keep its reason: it is not a job again, for this run (temp.filter_done_here) nor for a
+// filter started after it was made. An exact_duplicate whose twin is no longer accepted (rejudged
+// since) is judged too.
 std::string is_job(const std::string& f) {
   return fmt::format(
       "({0}.task_id IS NULL "
-      "OR ({0}.verdict = 'rejected' AND ({0}.reason IN (SELECT value FROM json_each(?1)) "
+      "OR ({0}.verdict = 'rejected' AND {0}.judged_at <= ?6 "
+      "    AND {0}.task_id NOT IN (SELECT task_id FROM temp.filter_done_here) "
+      "    AND ({0}.reason IN (SELECT value FROM json_each(?1)) "
       "    OR EXISTS (SELECT 1 FROM json_each(?1) WHERE value = 'all'))) "
       "OR (?2 AND {0}.config IS NOT ?3) "
       "OR (?4 AND {0}.reason = 'exact_duplicate' AND NOT EXISTS (SELECT 1 FROM filter_results a "
@@ -168,10 +173,10 @@ std::string is_job(const std::string& f) {
 struct Selection {
   json reasons;
   bool stale = false, twins = true;
-  std::string config;
+  std::string config, since;  // since: datetime('now') at the run's start, judged_at's format
   Stmt& bind(Stmt& st) const {
     return st.bind(1, reasons.dump()).bind(2, static_cast<std::int64_t>(stale)).bind(3, config)
-        .bind(4, static_cast<std::int64_t>(twins));
+        .bind(4, static_cast<std::int64_t>(twins)).bind(6, since);
   }
 };
 
@@ -513,7 +518,15 @@ FilterSummary filter(Workspace& ws, const FilterOptions& opts) {
   if (!opts.rejudge_stale) warn_stale(db, config);
 
   register_shard(db, opts.shard);
-  const Selection sel{opts.rejudge, opts.rejudge_stale, !opts.judge_twins, config};
+  // This connection's record of what this run judged (write_verdict), so --rejudge judges it once.
+  db.exec("CREATE TEMP TABLE IF NOT EXISTS filter_done_here (task_id TEXT PRIMARY KEY)");
+  db.exec("DELETE FROM temp.filter_done_here");
+  const std::string since = [&] {
+    auto now = db.prepare("SELECT datetime('now')");
+    now.step();
+    return now.text(0);
+  }();
+  const Selection sel{opts.rejudge, opts.rejudge_stale, !opts.judge_twins, config, since};
   const std::string where = opts.shard.count > 1 ? fmt::format(" of shard {}", shard_text(opts.shard)) : "";
   LeaseHolder leases(db, opts.lease_stale_s, shard_text(opts.shard));
   db.transaction([&] { leases.expire_dead(); });  // what a filter that is gone held is to do again
