@@ -168,17 +168,20 @@ void list_presets() {
   }
 }
 
-// --kept N: rounds of compose, filter and dedup, each composing what the yield so far says is
-// missing (plus a tenth), until N tasks are kept or a round adds no candidate (the composer has
-// nothing new to draw) or kMaxRounds pass.
+// --kept N: rounds of compose, filter and dedup until N tasks are kept, a round adds no candidate
+// (the composer has nothing new to draw) or kMaxRounds pass. The first round composes N with the
+// preset's mix; each later one composes, per bucket, what is missing of the preset's share at that
+// bucket's own yield (composer::deficit_mix), so the kept tasks hold the preset's mix.
 constexpr int kMaxRounds = 8;
 
 template <class Round>
-void until_kept(Workspace& ws, const std::string& backend, long want, long first, Round&& round) {
-  long total = std::max(first, want);
+void until_kept(Workspace& ws, const composer::ComposeOptions& c, long want, Round&& round) {
+  const auto mix = composer::parse_mix(c.mix, c.max_ops);
+  long total = std::max<long>(c.count, want);
+  std::string round_mix = c.mix;
   for (int r = 1; r <= kMaxRounds; ++r) {
-    long kept = round(total, r == 1 ? "" : fmt::format("#{}", r));
-    long drawn = tasks::count(ws.db(), backend);
+    long kept = round(total, round_mix, r == 1 ? "" : fmt::format("#{}", r));
+    long drawn = tasks::count(ws.db(), c.backend);
     spdlog::info("run: round {}: {} kept of {} candidates drawn (want {})", r, kept, drawn, want);
     if (kept >= want) return;
     if (drawn < total) {
@@ -186,8 +189,14 @@ void until_kept(Workspace& ws, const std::string& backend, long want, long first
                    drawn, total, kept, want);
       return;
     }
-    double yield = std::max(0.02, static_cast<double>(kept) / static_cast<double>(std::max(1L, drawn)));
-    total = drawn + static_cast<long>(std::ceil(static_cast<double>(want - kept) / yield * 1.1));
+    long more = 0;
+    round_mix = composer::deficit_mix(mix, composer::bucket_yields(ws.db(), c.backend), want, more);
+    if (more == 0) {
+      spdlog::warn("run: every bucket holds its share of {} but {} are kept; stopping", want, kept);
+      return;
+    }
+    spdlog::info("run: next round composes {} more, per bucket {}", more, round_mix);
+    total = drawn + more;
   }
   spdlog::warn("run: {} rounds did not keep {} tasks; run again to go on", kMaxRounds, want);
 }
@@ -208,13 +217,15 @@ class Pipeline {
     times_.push_back({name, result, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
   }
 
-  // One round: compose up to `total` candidates, judge the new ones, dedup; returns the kept count.
-  long round(long total, const std::string& tag) {
+  // One round: compose up to `total` candidates (with `mix`), judge the new ones, dedup; returns
+  // the kept count.
+  long round(long total, const std::string& mix, const std::string& tag) {
     long kept = 0;
     stage("compose" + tag, [&] {
       tasks::migrate(ws_.db());
       long have = tasks::count(ws_.db(), p_.compose.backend);
       composer::ComposeOptions c = p_.compose;
+      c.mix = mix;
       c.count = static_cast<int>(std::max(0L, total - have));
       if (c.count == 0) return fmt::format("{} candidates already there", have);
       auto s = composer::compose(ws_, c);
@@ -279,9 +290,10 @@ void add_run(CLI::App& app, Runner& run) {
   cmd->add_option("-o,--out", o->out, "Export folder (default: WORKSPACE/export)");
   cmd->add_option("--count", o->count, "Override the preset's number of candidates to compose (a total, not a "
                                        "increment: a rerun tops up to it)");
-  cmd->add_option("--kept", o->kept, "Compose, filter and dedup in rounds until N tasks are kept after dedup (each "
-                                     "round composes what the yield so far says is missing); --count is then the "
-                                     "first round's size");
+  cmd->add_option("--kept", o->kept, "Compose, filter and dedup in rounds until N tasks are kept after dedup; --count "
+                                     "is then the first round's size (at least N), and each later round composes, per "
+                                     "bucket of the mix, what is missing of its share at that bucket's yield so far, "
+                                     "so the kept tasks hold the preset's mix");
   cmd->add_option("--device", o->device, "Override where probes and the filter run: auto, cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("-j,--workers", o->workers, "Override the worker count of every stage (filter: in total)");
@@ -308,11 +320,13 @@ void add_run(CLI::App& app, Runner& run) {
         auto s = crawler::crawl(ws, p.crawl);
         return fmt::format("{} enumerated, {} probed now, {} runnable now", s.enumerated, s.probed, s.runnable);
       });
-      auto round = [&](long total, const std::string& tag) { return pipe.round(total, tag); };
+      auto round = [&](long total, const std::string& mix, const std::string& tag) {
+        return pipe.round(total, mix, tag);
+      };
       if (o->kept > 0) {
-        until_kept(ws, p.compose.backend, o->kept, p.compose.count, round);
+        until_kept(ws, p.compose, o->kept, round);
       } else {
-        round(p.compose.count, "");
+        round(p.compose.count, p.compose.mix, "");
       }
       pipe.stage("export", [&] {
         auto s = exporter::export_dataset(ws, p.exp);

@@ -62,6 +62,38 @@ std::vector<std::pair<std::string, double>> parse_mix(const std::string& spec, i
   return out;
 }
 
+std::map<std::string, BucketYield> bucket_yields(Db& db, const std::string& backend) {
+  std::map<std::string, BucketYield> out;
+  bool dedup = db.has_table("dedup_results");
+  auto st = db.prepare(fmt::format(
+      "SELECT coalesce(json_extract(t.provenance, '$.bucket'), ''), count(*), {} FROM tasks t {} WHERE t.backend = ? "
+      "GROUP BY 1", dedup ? "sum(coalesce(d.kept, 0))" : "0",
+      dedup ? "LEFT JOIN dedup_results d ON d.task_id = t.id" : ""));
+  st.bind(1, backend);
+  while (st.step()) out[st.text(0)] = {st.int64(1), st.int64(2)};
+  return out;
+}
+
+std::string deficit_mix(const std::vector<std::pair<std::string, double>>& mix,
+                        const std::map<std::string, BucketYield>& yields, long want, long& count) {
+  constexpr double kFloor = 0.02;  // a bucket that kept nothing yet is drawn as if 1 in 50 survived
+  double total = 0;
+  for (auto& [b, p] : mix) total += p;
+  std::vector<std::string> parts;
+  count = 0;
+  for (auto& [b, p] : mix) {
+    auto it = yields.find(b);
+    BucketYield y = it == yields.end() ? BucketYield{} : it->second;
+    double missing = static_cast<double>(want) * p / total - static_cast<double>(y.kept);
+    if (missing <= 0) continue;
+    double yield = y.drawn > 0 ? std::max(kFloor, static_cast<double>(y.kept) / static_cast<double>(y.drawn)) : 1.0;
+    long n = static_cast<long>(std::ceil(missing / yield * 1.1 - 1e-9));  // 1.1 is not exact in binary
+    parts.push_back(fmt::format("{}:{}", b, n));
+    count += n;
+  }
+  return fmt::format("{}", fmt::join(parts, ","));
+}
+
 void migrate(Db& db) {
   tasks::migrate(db);
   db.migrate("composer", {R"sql(

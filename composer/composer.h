@@ -66,6 +66,21 @@ struct ComposeSummary {
 // above max_ops. Throws opforge::Error naming the bad part.
 std::vector<std::pair<std::string, double>> parse_mix(const std::string& spec, int max_ops);
 
+// What one bucket of a run has given so far: candidates drawn, tasks kept after dedup.
+struct BucketYield {
+  long drawn = 0, kept = 0;
+};
+// Per bucket of `backend`'s candidates in the workspace (tasks' provenance bucket, dedup's kept).
+std::map<std::string, BucketYield> bucket_yields(Db& db, const std::string& backend);
+
+// The mix of the next round of `run --kept want`: per bucket of `mix`, what is missing of
+// want x its share, divided by the bucket's own yield so far (a tenth more), as candidate counts
+// ("3:412,4:180"); `count` gets their sum. Buckets yield very differently (two-op chains of real
+// models repeat: a quarter of them survive dedup, against four in five of 3-5-op chains), so
+// topping up with the preset's mix would drift the kept mix away from it. Empty: nothing missing.
+std::string deficit_mix(const std::vector<std::pair<std::string, double>>& mix,
+                        const std::map<std::string, BucketYield>& yields, long want, long& count);
+
 void migrate(Db& db);
 // A sharded run writes <workspace>/done/compose.shard-I-of-N.json when it finishes (its arguments
 // and summary); started again with the same arguments it does nothing.

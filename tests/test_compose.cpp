@@ -229,3 +229,24 @@ TEST_F(Compose, ASeedThatKillsTheWorkerIsARecordedFailureNotTheEndOfTheCommand) 
   ASSERT_TRUE(used.step());
   EXPECT_EQ(used.int64(0), 0);
 }
+
+// run --kept tops up each bucket at its own yield: a bucket that kept a quarter of what it drew
+// is asked four times what it misses (a tenth more), a full bucket nothing, an untried one what it
+// misses. The kept mix then holds the preset's, where topping up with the preset's mix would not.
+TEST(ComposeMix, TheNextRoundOfKeptAsksEachBucketForWhatItMissesAtItsYield) {
+  using opforge::composer::BucketYield;
+  auto mix = opforge::composer::parse_mix("2:20,3:50,5:25,transformers:5", 5);
+  std::map<std::string, BucketYield> y = {{"2", {400, 100}}, {"3", {500, 500}}, {"transformers", {100, 50}}};
+  long count = 0;
+  std::string next = opforge::composer::deficit_mix(mix, y, 1000, count);
+  // 2: (200 - 100) / 0.25 * 1.1 = 440; 3: full; 5: never drawn, 250 * 1.1 = 275; transformers: full.
+  EXPECT_EQ(next, "2:440,5:275");
+  EXPECT_EQ(count, 715);
+  y["2"] = {400, 0};  // kept none yet: drawn as if 1 in 50 survived
+  next = opforge::composer::deficit_mix(mix, y, 1000, count);
+  EXPECT_EQ(next, "2:11000,5:275");
+  y["2"] = {900, 300};
+  y["5"] = {300, 250};
+  EXPECT_EQ(opforge::composer::deficit_mix(mix, y, 1000, count), "");
+  EXPECT_EQ(count, 0);
+}

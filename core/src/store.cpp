@@ -84,6 +84,12 @@ Db::Db(const std::filesystem::path& file) : path_(file) {
 
 Db::~Db() { sqlite3_close_v2(db_); }
 
+bool Db::has_table(std::string_view name) {
+  auto st = prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?");
+  st.bind(1, std::string(name));
+  return st.step();
+}
+
 void Db::exec(std::string_view sql) {
   std::string s(sql);
   char* err = nullptr;

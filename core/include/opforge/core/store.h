@@ -71,6 +71,8 @@ class Db {
   // version reached in the `schema_versions` table. A database newer than this binary fails.
   void migrate(std::string_view component, const std::vector<std::string>& migrations);
   int schema_version(std::string_view component);
+  // Whether a table exists: a stage reading an earlier stage's table that never ran.
+  bool has_table(std::string_view name);
 
   const std::filesystem::path& path() const { return path_; }
   sqlite3* raw() { return db_; }
