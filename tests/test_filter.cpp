@@ -507,6 +507,23 @@ TEST(Filter, TwinsAreJudgedOnceAndDedupKeepsTheSameTasks) {
   EXPECT_FALSE(k.empty());
   EXPECT_EQ(k, kept(all));
 
+  // A twin whose first is being judged by another filter waits for that verdict: here a filter on
+  // another host leases x_two and goes silent; once its heartbeat is stale the lease is taken over.
+  auto waits = dir / "waits";
+  ASSERT_EQ(test::run_opforge({"import", "--workspace", waits.string(), (dir / "in").string()}).exit_code, 0);
+  {
+    Db db(waits / "opforge.db");
+    db.exec("INSERT INTO filter_holders VALUES('elsewhere/b/ns/1', 'elsewhere', 'b', 'ns', 1, '1', '0/1', 0, "
+            "strftime('%s', 'now'))");
+    db.exec("INSERT INTO filter_leases VALUES('" + id["x_two"] + "', 'elsewhere/b/ns/1', 0)");
+  }
+  r = test::run_opforge(quick_filter(waits, {"--lease-stale-s", "10"}, 2));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("1 candidates wait for the verdict of an earlier twin"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("elsewhere/b/ns/1 is gone (no heartbeat for"), std::string::npos) << r.err;
+  EXPECT_EQ(verdicts(waits), want);
+  EXPECT_EQ(judged_in(r.err), 3) << r.err;
+
   // A rejudged twin that is no longer accepted reopens its duplicates.
   {
     Db db(once / "opforge.db");
