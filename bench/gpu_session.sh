@@ -19,6 +19,12 @@
 #     corpus      opforge run --preset ops6k --count $COUNT (default 1000) on every GPU; resumable: /tmp/cws on a
 #                 warm machine, else CORPUS_DB when given (e.g. bench/results/ops6k_h200.db.gz), else a new
 #                 workspace on the committed H200 crawl (CRAWL_DB); corpus.db.gz comes back
+#     release     issue #18's 6K release, resumable across calls (docs/release.md): opforge run --preset
+#                 ops6k-release --kept $KEPT (6000) from /tmp/rws, else RELEASE_DB (default
+#                 corpus/checkpoints/ops6k-h200.db.gz, the last call's checkpoint, committed), else the crawl;
+#                 stops at RELEASE_TIMEOUT (480 s); ops6k-h200.db.gz (the next checkpoint) and, once finished,
+#                 release_export.tgz come back
+#     audit       bench/retime_audit.py: AUDIT_N (200) records of AUDIT_DIR (corpus/ops6k-h200) timed again
 #     learning    bench/learning_run.py (issue #14's learning run) on GPU 0 over the export of the committed
 #                 ops6k_h200.db.gz (191 train / 114 test); resumable: each call goes on in /tmp/lr and ends
 #                 after a finished unit before LEARN_TIMEOUT (default 540 s), so run it 3 times back to back
@@ -33,7 +39,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 P=/opt/torch/.venv/bin/python3
 B=$PWD/build-gpu/opforge
-[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|agent|serve|trainer|throughput|checks|kb|dedupscale|corpus|learning..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|agent|serve|trainer|throughput|checks|kb|dedupscale|corpus|release|audit|learning..." >&2; exit 2; }
 source .device/env.sh > /dev/null
 export PATH=/opt/torch/.venv/bin:$PATH
 # bubblewrap comes in .device (pack-debs.sh bubblewrap): the judge sandboxes every solution with it.
@@ -203,6 +209,38 @@ case $step in
     (cd /tmp/lr && tar czf "$OUT/learning_logs.tgz" $(ls -d *.log *.json sft/metrics.jsonl ppo_seed*/metrics.jsonl \
       eval_*.jsonl verify/report/report.json 2> /dev/null) /tmp/lws_export.log 2> /dev/null)
     tail -30 "$OUT/learning.txt"
+    ;;
+  release)
+    # Issue #18's production (docs/release.md): opforge run --preset ops6k-release --kept $KEPT, resumable
+    # across calls: /tmp/rws on a warm machine, else the committed checkpoint RELEASE_DB, else the
+    # committed crawl. Each call stops the run at RELEASE_TIMEOUT (a killed run resumes where it
+    # stopped) and brings back the checkpoint to commit (the database, vacuumed: verdicts, metrics,
+    # code; no cache), the run's log and, once the run finished, the export.
+    restore_ws /tmp/rws "${RELEASE_DB:-corpus/checkpoints/ops6k-h200.db.gz}"
+    restore_ws /tmp/rws "$CRAWL_DB"
+    refs=()
+    for l in 1 2 3; do [ -d .kb/KernelBench/level$l ] && refs+=(--reference .kb/KernelBench/level$l); done
+    stamp "opforge run --preset ops6k-release --kept ${KEPT:-6000} (decontaminated against ${#refs[@]} KernelBench levels)"
+    timeout "${RELEASE_TIMEOUT:-480}" $B run --workspace /tmp/rws --preset ops6k-release --kept "${KEPT:-6000}" \
+      --out /tmp/rws/export "${refs[@]}" > /tmp/rws.out 2> >(tee -a /tmp/rws.log > "$OUT/release_run.log")
+    echo "run rc $? (124: stopped at RELEASE_TIMEOUT, call again to go on)" | tee "$OUT/release.txt"
+    { grep "run:" /tmp/rws.log | tail -20; $B status --workspace /tmp/rws 2>&1 | sed -n '/^filter:/,$p'
+      $P bench/filter_report.py /tmp/rws 2>&1; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } >> "$OUT/release.txt"
+    cat "$OUT/release.txt"
+    rm -f /tmp/rws.ckpt.db
+    $P -c "import sqlite3; sqlite3.connect('/tmp/rws/opforge.db').execute(\"VACUUM INTO '/tmp/rws.ckpt.db'\")"
+    gzip -9c /tmp/rws.ckpt.db > "$OUT/ops6k-h200.db.gz"
+    ls -l "$OUT/ops6k-h200.db.gz"
+    [ -s /tmp/rws.out ] && tar -C /tmp/rws -czf "$OUT/release_export.tgz" export
+    ;;
+  audit)
+    # The release's re-timing audit (docs/release.md): AUDIT_N (200) random records of the export
+    # (AUDIT_DIR, default corpus/ops6k-h200) timed again on GPU 0 beside their stored eager times.
+    stamp "re-timing ${AUDIT_N:-200} records of ${AUDIT_DIR:-corpus/ops6k-h200} on GPU 0"
+    CUDA_VISIBLE_DEVICES=0 PYTHONPATH=python timeout "${AUDIT_TIMEOUT:-480}" $P bench/retime_audit.py \
+      "${AUDIT_DIR:-corpus/ops6k-h200}" --sample "${AUDIT_N:-200}" --out "$OUT/retime_audit.json" > "$OUT/audit.txt" 2>&1
+    echo "audit rc $?" >> "$OUT/audit.txt"
+    cat "$OUT/audit.txt"
     ;;
   *) echo "unknown step $step" >&2; exit 2 ;;
 esac

@@ -278,6 +278,7 @@ void add_run(CLI::App& app, Runner& run) {
     std::string workspace = "workspace";
     std::string preset = "default";
     std::string out, device;
+    std::vector<std::string> references;
     long count = -1, kept = 0;
     int workers = 0;
     bool list = false, no_plots = false;
@@ -294,6 +295,10 @@ void add_run(CLI::App& app, Runner& run) {
                                      "is then the first round's size (at least N), and each later round composes, per "
                                      "bucket of the mix, what is missing of its share at that bucket's yield so far, "
                                      "so the kept tasks hold the preset's mix");
+  cmd->add_option("--reference", o->references,
+                  "A folder of KernelBench-format .py files (e.g. a KernelBench checkout's level1, level2, level3) that "
+                  "dedup drops look-alikes of, added to the preset's dedup.references; repeatable")
+      ->check(CLI::ExistingDirectory);
   cmd->add_option("--device", o->device, "Override where probes and the filter run: auto, cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("-j,--workers", o->workers, "Override the worker count of every stage (filter: in total)");
@@ -310,6 +315,7 @@ void add_run(CLI::App& app, Runner& run) {
       if (o->workers > 0) p.crawl.workers = p.compose.workers = p.filter.workers = p.dedup.workers = o->workers;
       else p.crawl.workers = p.compose.workers = p.dedup.workers = default_workers();
       if (o->no_plots) p.exp.plots = false;
+      p.dedup.references.insert(p.dedup.references.end(), o->references.begin(), o->references.end());
       p.exp.out = o->out.empty() ? fs::path(o->workspace) / "export" : fs::path(o->out);
       p.crawl.memory_limit_mb = default_memory_limit_mb(p.crawl.workers);
       spdlog::info("run: preset {} ({})", p.name, p.description);
