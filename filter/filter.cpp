@@ -439,13 +439,13 @@ std::filesystem::path done_marker(const Workspace& ws, Shard s) {
 // When nothing of the shard is left to judge (by any filter), writes its completion marker, so an
 // array job submitted again can see the shard finished; otherwise removes a marker left from
 // before new tasks came. Written whole (rename), as another shard's job may be reading it.
-void mark_shard(Workspace& ws, const FilterOptions& opts, const Selection& sel, const FilterSummary& sum) {
+void mark_shard(Workspace& ws, Shard shard, const Selection& sel, const FilterSummary& sum) {
   Db& db = ws.db();
-  auto marker = done_marker(ws, opts.shard);
+  auto marker = done_marker(ws, shard);
   std::error_code ec;
   if (long left = count_jobs(db, sel, true); left > 0) {
     if (std::filesystem::remove(marker, ec))
-      spdlog::info("shard {} is not finished ({} tasks left): removed {}", shard_text(opts.shard), left, marker.string());
+      spdlog::info("shard {} is not finished ({} tasks left): removed {}", shard_text(shard), left, marker.string());
     return;
   }
   json totals = {{"tasks", 0}, {"accepted", 0}, {"rejected", 0}, {"exact_duplicate", 0}};
@@ -456,7 +456,7 @@ void mark_shard(Workspace& ws, const FilterOptions& opts, const Selection& sel, 
   st.step();
   totals = {{"tasks", st.int64(0)}, {"accepted", st.int64(1)}, {"rejected", st.int64(2)}, {"exact_duplicate", st.int64(3)}};
   json m = {{"stage", "filter"},
-            {"shard", shard_text(opts.shard)},
+            {"shard", shard_text(shard)},
             {"config", sel.config},
             {"finished_at", fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", fmt::gmtime(std::time(nullptr)))},
             {"shard_verdicts", totals},
@@ -468,7 +468,7 @@ void mark_shard(Workspace& ws, const FilterOptions& opts, const Selection& sel, 
   { std::ofstream(tmp) << m.dump(2) << "\n"; }
   std::filesystem::rename(tmp, marker);
   spdlog::info("shard {} finished: {} tasks, {} accepted, {} rejected ({} exact duplicates); marker {}",
-               shard_text(opts.shard), totals["tasks"].get<long>(), totals["accepted"].get<long>(),
+               shard_text(shard), totals["tasks"].get<long>(), totals["accepted"].get<long>(),
                totals["rejected"].get<long>(), totals["exact_duplicate"].get<long>(), marker.string());
 }
 
@@ -517,7 +517,8 @@ FilterSummary filter(Workspace& ws, const FilterOptions& opts) {
   });
   if (!opts.rejudge_stale) warn_stale(db, config);
 
-  register_shard(db, opts.shard);
+  const Shard shard = opts.shard.value_or(Shard{});
+  register_shard(db, shard);
   // This connection's record of what this run judged (write_verdict), so --rejudge judges it once.
   db.exec("CREATE TEMP TABLE IF NOT EXISTS filter_done_here (task_id TEXT PRIMARY KEY)");
   db.exec("DELETE FROM temp.filter_done_here");
@@ -527,20 +528,20 @@ FilterSummary filter(Workspace& ws, const FilterOptions& opts) {
     return now.text(0);
   }();
   const Selection sel{opts.rejudge, opts.rejudge_stale, !opts.judge_twins, config, since};
-  const std::string where = opts.shard.count > 1 ? fmt::format(" of shard {}", shard_text(opts.shard)) : "";
-  LeaseHolder leases(db, opts.lease_stale_s, shard_text(opts.shard));
+  const std::string where = opts.shard ? fmt::format(" of shard {}", shard_text(shard)) : "";
+  LeaseHolder leases(db, opts.lease_stale_s, shard_text(shard));
   db.transaction([&] { leases.expire_dead(); });  // what a filter that is gone held is to do again
   const long todo = count_jobs(db, sel, false);
   if (todo == 0) {
     long leased = count_jobs(db, sel, true);
     if (leased > 0) {
       spdlog::info("nothing to filter here: the {} candidates{} left are being judged by another filter", leased, where);
-    } else if (std::filesystem::exists(done_marker(ws, opts.shard))) {
+    } else if (opts.shard && std::filesystem::exists(done_marker(ws, shard))) {
       spdlog::info("nothing to filter: every candidate{} has a verdict (finished before: {})", where,
-                   done_marker(ws, opts.shard).string());
+                   done_marker(ws, shard).string());
     } else {
       spdlog::info("nothing to filter: every candidate{} has a verdict", where);
-      mark_shard(ws, opts, sel, sum);
+      if (opts.shard) mark_shard(ws, shard, sel, sum);
     }
     return sum;
   }
@@ -619,7 +620,7 @@ FilterSummary filter(Workspace& ws, const FilterOptions& opts) {
   if (sum.twins > 0)
     spdlog::info("{} twins of accepted tasks recorded exact_duplicate without running (--judge-twins runs them)",
                  sum.twins);
-  mark_shard(ws, opts, sel, sum);
+  if (opts.shard) mark_shard(ws, shard, sel, sum);
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return sum;
 }

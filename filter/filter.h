@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,8 @@ struct FilterOptions {
   // eager checks; part of the configuration too.
   std::vector<std::string> extra_checks;
   // Only the tasks of this shard (core/shard.h); a finished shard leaves done/filter.shard-I-of-N.json.
-  Shard shard;
+  // Empty: every task, and no marker (as compose).
+  std::optional<Shard> shard;
   // Judge every twin (tasks of one normal form, features.py) instead of the first of each until one
   // is accepted; the rest are recorded exact_duplicate without running, as dedup would drop them.
   bool judge_twins = false;

@@ -358,7 +358,7 @@ TEST(Filter, TwoFiltersOnOneWorkspaceJudgeDisjointTasksAndTogetherAll) {
   EXPECT_GT(jb, 0) << "both took part: " << eb;
   EXPECT_EQ(count_of(ws, "SELECT count(*) FROM filter_leases"), 0) << "leases end with their verdicts";
   EXPECT_EQ(count_of(ws, "SELECT count(*) FROM filter_holders"), 0) << "holders end with their process";
-  EXPECT_TRUE(std::filesystem::exists(ws / "done" / "filter.shard-0-of-1.json"));
+  EXPECT_FALSE(std::filesystem::exists(ws / "done")) << "a run without --shard leaves no marker";
 }
 
 // A filter killed mid-run leaves leases; the next one finds their holder gone, takes them over and
@@ -391,7 +391,7 @@ TEST(Filter, AKilledFiltersLeasesAreTakenOverAndFinishedTasksAreNotJudgedAgain) 
     db.exec("INSERT INTO filter_leases VALUES('" + stale_task + "', 'elsewhere/b/ns/1', 0), ('" + live_task +
             "', 'elsewhere/b/ns/2', 0)");
   }
-  auto r = test::run_opforge(quick_filter(ws, {"--lease-stale-s", "120"}));
+  auto r = test::run_opforge(quick_filter(ws, {"--lease-stale-s", "120", "--shard", "0/1"}));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("(process " + std::to_string(pid) + " is gone): its 1 lease(s) taken over"), std::string::npos)
       << r.err;
@@ -404,8 +404,9 @@ TEST(Filter, AKilledFiltersLeasesAreTakenOverAndFinishedTasksAreNotJudgedAgain) 
   EXPECT_EQ(count_of(ws, "SELECT count(*) FROM filter_results WHERE history != '[]'"), 0) << "judged again";
   EXPECT_EQ(count_of(ws, "SELECT count(*) FROM filter_leases"), 1);
   EXPECT_FALSE(std::filesystem::exists(ws / "done" / "filter.shard-0-of-1.json")) << "a task is still leased";
-  r = test::run_opforge(quick_filter(ws));
+  r = test::run_opforge(quick_filter(ws, {"--shard", "0/1"}));
   EXPECT_NE(r.err.find("being judged by another filter"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(ws / "done" / "filter.shard-0-of-1.json"));
 }
 
 TEST(Filter, ShardsSplitTheWorkspaceIntoDisjointSetsWhoseUnionIsEverything) {
