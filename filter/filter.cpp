@@ -494,6 +494,116 @@ void check_registered(const std::vector<std::string>& names, const Workspace& ws
 
 }  // namespace
 
+namespace {
+
+// What this run judges (is_job's parameters); starts the connection's record of its verdicts.
+Selection selection_of(Db& db, const FilterOptions& opts, const std::string& config) {
+  // This connection's record of what this run judged (write_verdict), so --rejudge judges it once.
+  db.exec("CREATE TEMP TABLE IF NOT EXISTS filter_done_here (task_id TEXT PRIMARY KEY)");
+  db.exec("DELETE FROM temp.filter_done_here");
+  auto now = db.prepare("SELECT datetime('now')");
+  now.step();
+  return {opts.rejudge, opts.rejudge_stale, !opts.judge_twins, config, now.text(0)};
+}
+
+// A run that finds nothing to claim says why; a finished shard gets its marker.
+void nothing_to_filter(Workspace& ws, const FilterOptions& opts, const Selection& sel, const FilterSummary& sum) {
+  const Shard shard = opts.shard.value_or(Shard{});
+  const std::string where = opts.shard ? fmt::format(" of shard {}", shard_text(shard)) : "";
+  if (long leased = count_jobs(ws.db(), sel, true); leased > 0) {
+    spdlog::info("nothing to filter here: the {} candidates{} left are being judged by another filter", leased, where);
+  } else if (opts.shard && std::filesystem::exists(done_marker(ws, shard))) {
+    spdlog::info("nothing to filter: every candidate{} has a verdict (finished before: {})", where,
+                 done_marker(ws, shard).string());
+  } else {
+    spdlog::info("nothing to filter: every candidate{} has a verdict", where);
+    if (opts.shard) mark_shard(ws, shard, sel, sum);
+  }
+}
+
+struct Run {
+  Workspace& ws;
+  LeaseHolder& leases;
+  const FilterOptions& opts;
+  const Selection& sel;
+  std::string device;
+  std::vector<std::string> gpu_ids;
+  int workers;
+};
+
+// Claims tasks as workers free up and judges them until none is left to this process: the
+// environment failures again alone at the end of each pass, and while twins wait for a verdict
+// another filter is making, polls for it.
+void judge_claimed(const Run& run, long todo, FilterSummary& sum) {
+  const auto& [ws, leases, opts, sel, device, gpu_ids, workers] = run;
+  Db& db = ws.db();
+  auto count = [&](const Verdict& v) {
+    ++sum.judged;
+    v.verdict == "accepted" ? ++sum.accepted : ++sum.rejected;
+    if (v.verdict != "accepted") ++sum.reasons[v.reason];
+  };
+  std::optional<WorkerPool> pool;
+  auto ensure_pool = [&]() -> WorkerPool& {
+    if (!pool) pool.emplace(pool_options(opts, device, gpu_ids, workers, ws));
+    return *pool;
+  };
+  if (sel.twins) compute_keys(ensure_pool(), db);
+  Progress progress("filter", static_cast<std::size_t>(todo));
+  Retry again;               // environment failures, judged again alone
+  std::vector<Job> running;  // by request index of the current pool run
+  long claimed = 0, waiting = 0;
+  // One task per worker at a time: enough to keep the pool fed (more are claimed as soon as the
+  // queue is empty), few enough that filters sharing the workspace split the work evenly.
+  auto feed = [&]() -> std::vector<json> {
+    long want = opts.limit > 0 ? std::min<long>(workers, opts.limit - claimed) : workers;
+    if (want <= 0) return {};
+    Claim c = claim(db, leases, sel, static_cast<std::size_t>(want), device);
+    claimed += static_cast<long>(c.jobs.size());
+    waiting = c.waiting;
+    sum.twins += static_cast<long>(c.twins.size());
+    if (!c.twins.empty()) progress.tick(c.twins.size(), "");
+    std::vector<json> reqs;
+    for (auto& j : c.jobs) {
+      reqs.push_back(judge_request(j, opts, device));
+      running.push_back(std::move(j));
+    }
+    return reqs;
+  };
+  auto on_result = [&](WorkerResult&& r) {
+    const Job& job = running[r.index];
+    with_context(fmt::format("while recording the verdict of task {}", job.id), [&] {
+      Verdict v = verdict_of(r, job);
+      if (environment_reason(v) && workers > 1) {
+        again.emplace_back(job, std::move(v));  // its lease is kept until then
+        return;
+      }
+      record(db, leases, job.id, v, device, sel.config);
+      count(v);
+    });
+    progress.tick(1, fmt::format("{} accepted, {} rejected, {} twins", sum.accepted, sum.rejected, sum.twins));
+  };
+  for (bool said_waiting = false;;) {
+    running.clear();
+    if (std::vector<json> first = feed(); !first.empty()) {
+      ensure_pool().run_fed([&] { return first.empty() ? feed() : std::exchange(first, {}); }, on_result);
+    } else if (!again.empty()) {
+      pool.reset();  // alone means alone: the shared workers go first
+      judge_alone(ws, leases, opts, device, gpu_ids, workers, again, sel.config, count);
+      again.clear();
+    } else if (waiting == 0 || (opts.limit > 0 && claimed >= opts.limit)) {
+      break;
+    } else {
+      // Twins whose earlier twin another filter is judging: its verdict decides whether they run.
+      if (!std::exchange(said_waiting, true))
+        spdlog::info("{} candidates wait for the verdict of an earlier twin another filter is judging", waiting);
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+  }
+  progress.finish();
+}
+
+}  // namespace
+
 FilterSummary filter(Workspace& ws, const FilterOptions& opts) {
   auto t0 = std::chrono::steady_clock::now();
   Db& db = ws.db();
@@ -519,104 +629,19 @@ FilterSummary filter(Workspace& ws, const FilterOptions& opts) {
 
   const Shard shard = opts.shard.value_or(Shard{});
   register_shard(db, shard);
-  // This connection's record of what this run judged (write_verdict), so --rejudge judges it once.
-  db.exec("CREATE TEMP TABLE IF NOT EXISTS filter_done_here (task_id TEXT PRIMARY KEY)");
-  db.exec("DELETE FROM temp.filter_done_here");
-  const std::string since = [&] {
-    auto now = db.prepare("SELECT datetime('now')");
-    now.step();
-    return now.text(0);
-  }();
-  const Selection sel{opts.rejudge, opts.rejudge_stale, !opts.judge_twins, config, since};
-  const std::string where = opts.shard ? fmt::format(" of shard {}", shard_text(shard)) : "";
+  const Selection sel = selection_of(db, opts, config);
   LeaseHolder leases(db, opts.lease_stale_s, shard_text(shard));
   db.transaction([&] { leases.expire_dead(); });  // what a filter that is gone held is to do again
   const long todo = count_jobs(db, sel, false);
   if (todo == 0) {
-    long leased = count_jobs(db, sel, true);
-    if (leased > 0) {
-      spdlog::info("nothing to filter here: the {} candidates{} left are being judged by another filter", leased, where);
-    } else if (opts.shard && std::filesystem::exists(done_marker(ws, shard))) {
-      spdlog::info("nothing to filter: every candidate{} has a verdict (finished before: {})", where,
-                   done_marker(ws, shard).string());
-    } else {
-      spdlog::info("nothing to filter: every candidate{} has a verdict", where);
-      if (opts.shard) mark_shard(ws, shard, sel, sum);
-    }
+    nothing_to_filter(ws, opts, sel, sum);
     return sum;
   }
   workers = std::min<int>(workers, static_cast<int>(todo));
-  spdlog::info("filtering {} candidates{} on {} with {} workers{}", todo, where, device, workers,
+  spdlog::info("filtering {} candidates{} on {} with {} workers{}", todo,
+               opts.shard ? fmt::format(" of shard {}", shard_text(shard)) : "", device, workers,
                device == "cuda" ? fmt::format(" over {} GPU(s)", gpus) : "");
-  auto count = [&](const Verdict& v) {
-    ++sum.judged;
-    v.verdict == "accepted" ? ++sum.accepted : ++sum.rejected;
-    if (v.verdict != "accepted") ++sum.reasons[v.reason];
-  };
-  std::optional<WorkerPool> pool;
-  auto ensure_pool = [&]() -> WorkerPool& {
-    if (!pool) pool.emplace(pool_options(opts, device, gpu_ids, workers, ws));
-    return *pool;
-  };
-  if (sel.twins) compute_keys(ensure_pool(), db);
-
-  Progress progress("filter", static_cast<std::size_t>(todo));
-  Retry again;               // environment failures, judged again alone
-  std::vector<Job> running;  // by request index of the current pool run
-  long claimed = 0, waiting = 0;
-  // A few tasks per worker at a time: enough to keep the pool fed, few enough that filters sharing
-  // the workspace split the work evenly.
-  auto feed = [&]() -> std::vector<json> {
-    std::size_t want = static_cast<std::size_t>(workers);
-    if (opts.limit > 0) want = static_cast<std::size_t>(std::max(0L, std::min<long>(workers, opts.limit - claimed)));
-    if (want == 0) return {};
-    Claim c = claim(db, leases, sel, want, device);
-    claimed += static_cast<long>(c.jobs.size());
-    waiting = c.waiting;
-    sum.twins += static_cast<long>(c.twins.size());
-    if (!c.twins.empty()) progress.tick(c.twins.size(), "");
-    std::vector<json> reqs;
-    for (auto& j : c.jobs) {
-      reqs.push_back(judge_request(j, opts, device));
-      running.push_back(std::move(j));
-    }
-    return reqs;
-  };
-  auto on_result = [&](WorkerResult&& r) {
-    const Job& job = running[r.index];
-    with_context(fmt::format("while recording the verdict of task {}", job.id), [&] {
-      Verdict v = verdict_of(r, job);
-      if (environment_reason(v) && workers > 1) {
-        again.emplace_back(job, std::move(v));  // its lease is kept until then
-        return;
-      }
-      record(db, leases, job.id, v, device, config);
-      count(v);
-    });
-    progress.tick(1, fmt::format("{} accepted, {} rejected, {} twins", sum.accepted, sum.rejected, sum.twins));
-  };
-  bool said_waiting = false;
-  for (;;) {
-    running.clear();
-    std::vector<json> first = feed();
-    if (!first.empty()) {
-      ensure_pool().run_fed([&] { return first.empty() ? feed() : std::exchange(first, {}); }, on_result);
-      continue;
-    }
-    if (!again.empty()) {
-      pool.reset();  // alone means alone: the shared workers go first
-      judge_alone(ws, leases, opts, device, gpu_ids, workers, again, config, count);
-      again.clear();
-      continue;
-    }
-    if (waiting == 0 || (opts.limit > 0 && claimed >= opts.limit)) break;
-    // Twins whose earlier twin another filter is judging: its verdict decides whether they run.
-    if (!std::exchange(said_waiting, true))
-      spdlog::info("{} candidates wait for the verdict of an earlier twin another filter is judging", waiting);
-    std::this_thread::sleep_for(std::chrono::seconds(1));
-  }
-  progress.finish();
-  pool.reset();
+  judge_claimed({ws, leases, opts, sel, device, gpu_ids, workers}, todo, sum);
   if (sum.twins > 0)
     spdlog::info("{} twins of accepted tasks recorded exact_duplicate without running (--judge-twins runs them)",
                  sum.twins);
