@@ -20,9 +20,13 @@ def main():
     a = ap.parse_args()
     db = sqlite3.connect(f"{a.workspace}/opforge.db")
     rows = db.execute("SELECT verdict, reason, metrics, calibration FROM filter_results").fetchall()
+    # Twins of an accepted task are recorded exact_duplicate without running (filter/README.md):
+    # dedup's drop made early, so they count neither as judged nor in the acceptance.
+    twins = sum(1 for r in rows if r[0] == "rejected" and r[1] == "exact_duplicate")
+    rows = [r for r in rows if not (r[0] == "rejected" and r[1] == "exact_duplicate")]
     n = len(rows)
     acc = [r for r in rows if r[0] == "accepted"]
-    print(f"judged {n}, accepted {len(acc)} ({100 * len(acc) / max(n, 1):.1f}%)")
+    print(f"judged {n}, accepted {len(acc)} ({100 * len(acc) / max(n, 1):.1f}%); twins not run (exact_duplicate): {twins}")
     if a.wall_s:
         print(f"throughput {60 * n / a.wall_s:.1f} tasks/min ({n} in {a.wall_s:.0f} s)")
     reasons = {}
