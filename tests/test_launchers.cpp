@@ -7,11 +7,9 @@
 // Needs root and the set-up's slurm-wlm, munge and ray (`make setup`); a machine that cannot is
 // skipped only when OPFORGE_SKIP_LAUNCHER_TESTS is set, which CI does not set.
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,8 +25,6 @@
 
 #include "opforge/core/store.h"
 #include "test_support.h"
-
-extern char** environ;
 
 namespace fs = std::filesystem;
 using Args = std::vector<std::string>;
@@ -250,21 +246,11 @@ class LocalRay {
     Args args = {(test::python_bin().parent_path() / "ray").string(), "start", "--head", "--block", "--num-cpus", "2",
                  "--port", std::to_string(port_), "--temp-dir", (dir / "t").string(), "--include-dashboard", "false",
                  "--disable-usage-stats"};
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, log_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    posix_spawnattr_t at;
-    posix_spawnattr_init(&at);
-    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP);
-    posix_spawnattr_setpgroup(&at, 0);
-    if (posix_spawn(&pid_, argv[0], &fa, &at, argv.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&fa);
-    posix_spawnattr_destroy(&at);
+    try {
+      pid_ = test::spawn_process(args, log_, log_, /*own_group=*/true);
+    } catch (const std::exception&) {
+      pid_ = -1;  // started() is false: the test says so with the log
+    }
     for (int i = 0; pid_ > 0 && i < 240 && !started(); ++i) {
       if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
         pid_ = -1;

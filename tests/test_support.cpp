@@ -35,23 +35,39 @@ TempDir::~TempDir() {
   }
 }
 
-namespace {
-pid_t spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
-  std::vector<std::string> full = {OPFORGE_BIN};
-  full.insert(full.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& a : full) argv.push_back(a.data());
-  argv.push_back(nullptr);
+pid_t spawn_process(const std::vector<std::string>& argv, const std::filesystem::path& out,
+                    const std::filesystem::path& err, bool own_group) {
+  std::vector<std::string> args = argv;
+  std::vector<char*> cargv;
+  for (auto& a : args) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (err == out)
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  else
+    posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawnattr_t at;
+  posix_spawnattr_init(&at);
+  if (own_group) {
+    posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&at, 0);
+  }
   pid_t pid = -1;
-  int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  int rc = posix_spawn(&pid, cargv[0], &fa, &at, cargv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) throw std::runtime_error("posix_spawn failed");
+  posix_spawnattr_destroy(&at);
+  if (rc != 0) throw std::runtime_error("posix_spawn " + args[0] + " failed");
   return pid;
+}
+
+namespace {
+pid_t spawn(const std::vector<std::string>& args, const std::string& out, const std::string& err) {
+  std::vector<std::string> full = {OPFORGE_BIN};
+  full.insert(full.end(), args.begin(), args.end());
+  return spawn_process(full, out, err);
 }
 }  // namespace
 

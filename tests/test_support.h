@@ -29,6 +29,11 @@ struct CmdResult {
   std::string out, err;
 };
 
+// Starts argv[0] (a path) with argv, stdin from /dev/null, stdout and stderr written to files (both
+// to one when err == out), in a process group of its own when own_group (so kill(-pid) reaches its
+// children too); returns its pid. Throws when it cannot be started.
+pid_t spawn_process(const std::vector<std::string>& argv, const std::filesystem::path& out,
+                    const std::filesystem::path& err, bool own_group = false);
 // Runs build/opforge with args, waits, captures stdout and stderr.
 CmdResult run_opforge(const std::vector<std::string>& args);
 // Starts build/opforge in the background (output discarded); returns its pid.
