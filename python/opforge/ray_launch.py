@@ -80,6 +80,15 @@ def runtime_env():
     return {"env_vars": env} if env else None
 
 
+def outcome(ref):
+    """A finished task's (status, host, stdout); a task that died itself (its worker, its node)
+    with its retries spent is a failure too."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayError as e:
+        return f"lost ({type(e).__name__})", "?", ""
+
+
 def run_shards(args, pending):
     """Runs the pending shards as Ray tasks; returns the indices that failed."""
     launch, logs = os.path.join(args.root, "launch"), os.path.join(args.root, "logs")
@@ -94,10 +103,7 @@ def run_shards(args, pending):
     while refs:
         done, _ = ray.wait(list(refs), num_returns=1)
         i = refs.pop(done[0])
-        try:
-            rc, host, _ = ray.get(done[0])
-        except ray.exceptions.RayError as e:  # the task itself died (its node, its worker), retries spent
-            rc, host = f"lost ({type(e).__name__})", "?"
+        rc, host, _ = outcome(done[0])
         if rc != 0:
             failed.append(i)
         log(f"shard {i} on {host}: {'finished' if rc == 0 else f'failed, status {rc}'} ({len(refs)} running)")
@@ -131,11 +137,8 @@ def main():
     log("merging, dedup, export")
     merge = ray.remote(run_script).options(num_cpus=1, max_retries=1, name="opforge-merge",
                                            runtime_env=runtime_env())
-    try:
-        rc, host, out = ray.get(merge.remote(os.path.join(args.root, "launch", "merge.sh"), [],
-                                             os.path.join(args.root, "logs", "merge.out")))
-    except ray.exceptions.RayError as e:  # its worker or node died
-        rc, host, out = f"lost ({type(e).__name__})", "?", ""
+    rc, host, out = outcome(merge.remote(os.path.join(args.root, "launch", "merge.sh"), [],
+                                         os.path.join(args.root, "logs", "merge.out")))
     if rc != 0:
         log(f"the merge failed on {host} (status {rc}): see {os.path.join(args.root, 'logs', 'merge.out')}")
         return 1
