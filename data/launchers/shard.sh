@@ -12,9 +12,11 @@ tag="shard-$i-of-$SHARDS"
 dest=$ROOT/shards/$i
 marker=done/launch.$tag.json
 log() { printf '[opforge %s %s] %s\n' "$tag" "$(date -u +%H:%M:%S)" "$*" >&2; }
+# Whether ROOT/shards/I holds a marker of this stages-and-options hash.
+finished_here() { grep -q "\"config\": \"$CONFIG\"" "$dest/$marker" 2> /dev/null; }
 
 if [ -f "$dest/$marker" ]; then
-  if ! grep -q "\"config\": \"$CONFIG\"" "$dest/$marker"; then
+  if ! finished_here; then
     log "$dest finished with other options than these ($CONFIG): remove it, or run with those options"
     exit 1
   fi
@@ -57,7 +59,7 @@ partial=$ROOT/shards/.$i.partial.$(hostname).$$
 rm -rf "$partial"
 cp -r "$ws" "$partial"
 if ! mv -T "$partial" "$dest" 2> /dev/null; then
-  if grep -q "\"config\": \"$CONFIG\"" "$dest/$marker" 2> /dev/null; then
+  if finished_here; then
     log "another attempt staged $dest first: keeping it"
     rm -rf "$partial"
     exit 0
