@@ -253,6 +253,7 @@ void write_stage_scripts(const Launch& l) {
 // under other options is an error: mixing it in would merge two different corpora.
 std::vector<int> pending_shards(const Launch& l) {
   std::vector<int> out;
+  const std::string config = l.config();
   for (int i = 0; i < l.o.shards; ++i) {
     fs::path m = l.root / l.marker(i);
     if (!fs::exists(m)) {
@@ -260,10 +261,10 @@ std::vector<int> pending_shards(const Launch& l) {
       continue;
     }
     std::string had = json::parse(read_text(m), nullptr, false).value("config", "");
-    OPFORGE_CHECK(had == l.config(),
+    OPFORGE_CHECK(had == config,
                   "{} finished with other stages or compose/filter options (config {}, now {}): run with those "
                   "options, or use another --workspace-root (or remove {}) to start over",
-                  (l.root / "shards" / std::to_string(i)).string(), had, l.config(), (l.root / "shards").string());
+                  (l.root / "shards" / std::to_string(i)).string(), had, config, (l.root / "shards").string());
   }
   spdlog::info("launch: {} of {} shards to run{}", out.size(), l.o.shards,
                out.size() < static_cast<std::size_t>(l.o.shards) ? " (the others have finished)" : "");
@@ -341,12 +342,13 @@ int run_slurm(const LaunchOptions& o, const Args& sbatch_args, bool submit) {
   auto pending = pending_shards(l);
   auto [array, merge] = write_sbatch(l, pending, sbatch_args);
   if (!submit) {
-    if (pending.empty())
+    if (pending.empty()) {
       spdlog::info("launch: every shard has finished; submit the merge with: sbatch {}", merge.string());
-    else
+    } else {
       spdlog::info("launch: submit with: id=$(sbatch --parsable {}) && sbatch --dependency=afterok:$id {}",
                    array.string(), merge.string());
-    if (!pending.empty()) std::cout << array.string() << "\n";
+      std::cout << array.string() << "\n";
+    }
     std::cout << merge.string() << "\n";
     return 0;
   }
