@@ -11,7 +11,6 @@
 #include <functional>
 #include <optional>
 #include <thread>
-#include <unistd.h>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -432,9 +431,7 @@ void judge_alone(Workspace& ws, LeaseHolder& leases, const FilterOptions& opts, 
 
 std::string shard_text(Shard s) { return fmt::format("{}/{}", s.index, s.count); }
 
-std::filesystem::path done_marker(const Workspace& ws, Shard s) {
-  return ws.root() / "done" / fmt::format("filter.shard-{}-of-{}.json", s.index, s.count);
-}
+std::filesystem::path done_marker(const Workspace& ws, Shard s) { return shard_marker(ws.root(), "filter", s); }
 
 // When nothing of the shard is left to judge (by any filter), writes its completion marker, so an
 // array job submitted again can see the shard finished; otherwise removes a marker left from
@@ -448,13 +445,12 @@ void mark_shard(Workspace& ws, Shard shard, const Selection& sel, const FilterSu
       spdlog::info("shard {} is not finished ({} tasks left): removed {}", shard_text(shard), left, marker.string());
     return;
   }
-  json totals = {{"tasks", 0}, {"accepted", 0}, {"rejected", 0}, {"exact_duplicate", 0}};
   auto st = db.prepare(
       "SELECT count(*), coalesce(sum(f.verdict = 'accepted'), 0), coalesce(sum(f.verdict = 'rejected'), 0), "
       "coalesce(sum(f.reason = 'exact_duplicate'), 0) FROM tasks t LEFT JOIN filter_results f ON f.task_id = t.id "
       "WHERE opforge_in_shard(t.id)");
   st.step();
-  totals = {{"tasks", st.int64(0)}, {"accepted", st.int64(1)}, {"rejected", st.int64(2)}, {"exact_duplicate", st.int64(3)}};
+  json totals = {{"tasks", st.int64(0)}, {"accepted", st.int64(1)}, {"rejected", st.int64(2)}, {"exact_duplicate", st.int64(3)}};
   json m = {{"stage", "filter"},
             {"shard", shard_text(shard)},
             {"config", sel.config},
@@ -462,11 +458,7 @@ void mark_shard(Workspace& ws, Shard shard, const Selection& sel, const FilterSu
             {"shard_verdicts", totals},
             {"this_run", {{"judged", sum.judged}, {"accepted", sum.accepted}, {"rejected", sum.rejected},
                           {"twins", sum.twins}}}};
-  std::filesystem::create_directories(marker.parent_path());
-  auto tmp = marker;
-  tmp += fmt::format(".tmp{}", ::getpid());
-  { std::ofstream(tmp) << m.dump(2) << "\n"; }
-  std::filesystem::rename(tmp, marker);
+  write_text_atomic(marker, m.dump(2) + "\n");
   spdlog::info("shard {} finished: {} tasks, {} accepted, {} rejected ({} exact duplicates); marker {}",
                shard_text(shard), totals["tasks"].get<long>(), totals["accepted"].get<long>(),
                totals["rejected"].get<long>(), totals["exact_duplicate"].get<long>(), marker.string());

@@ -52,6 +52,12 @@ std::string start_time(long pid) {
   return field;
 }
 
+// Inside the caller's transaction: a holder and every lease it has.
+void drop_holder(Db& db, const std::string& holder) {
+  for (auto* sql : {"DELETE FROM filter_leases WHERE holder = ?", "DELETE FROM filter_holders WHERE holder = ?"})
+    db.prepare(sql).bind(1, holder).run();
+}
+
 }  // namespace
 
 LeaseHolder::LeaseHolder(Db& db, double stale_s, const std::string& shard)
@@ -59,9 +65,7 @@ LeaseHolder::LeaseHolder(Db& db, double stale_s, const std::string& shard)
       pidns_(pid_namespace()), pid_(static_cast<long>(::getpid())), start_(start_time(pid_)) {
   id_ = fmt::format("{}/{}/{}/{}", host_, boot_, pidns_, pid_);
   db_.transaction([&] {
-    // A holder with this id was an earlier process with our PID: it is gone.
-    for (auto* sql : {"DELETE FROM filter_leases WHERE holder = ?", "DELETE FROM filter_holders WHERE holder = ?"})
-      db_.prepare(sql).bind(1, id_).run();
+    drop_holder(db_, id_);  // a holder with this id was an earlier process with our PID: it is gone
     auto st = db_.prepare(
         "INSERT INTO filter_holders(holder, host, boot, pidns, pid, pid_start, shard, started_at, heartbeat) "
         "VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)");
@@ -81,10 +85,7 @@ LeaseHolder::~LeaseHolder() {
   cv_.notify_all();
   if (heartbeat_.joinable()) heartbeat_.join();
   try {
-    db_.transaction([&] {
-      for (auto* sql : {"DELETE FROM filter_leases WHERE holder = ?", "DELETE FROM filter_holders WHERE holder = ?"})
-        db_.prepare(sql).bind(1, id_).run();
-    });
+    db_.transaction([&] { drop_holder(db_, id_); });
   } catch (const std::exception& e) {
     // Left behind, they expire: this PID will be gone.
     spdlog::warn("could not release this filter's leases ({}); the next filter takes them over", describe(e));
@@ -135,8 +136,7 @@ long LeaseHolder::expire_dead() {
     n.bind(1, g.holder);
     n.step();
     long leases = static_cast<long>(n.int64(0));
-    for (auto* sql : {"DELETE FROM filter_leases WHERE holder = ?", "DELETE FROM filter_holders WHERE holder = ?"})
-      db_.prepare(sql).bind(1, g.holder).run();
+    drop_holder(db_, g.holder);
     spdlog::info("filter {} is gone ({}): its {} lease(s) taken over", g.holder, g.why, leases);
     taken += leases;
   }

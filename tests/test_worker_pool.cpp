@@ -98,3 +98,35 @@ TEST(WorkerPool, ABrokenPythonIsAClearErrorNotAHang) {
     EXPECT_NE(msg.find("OPFORGE_PYTHON"), std::string::npos) << msg;
   }
 }
+
+// Work handed out as it is claimed (run_fed: the filter's leases, and run() itself, which the
+// judge uses) keeps each answer with its own request while workers crash, hang and are replaced
+// between the handings: a request that kills its worker cannot take a neighbour's answer, nor
+// leave its own to a later request.
+TEST(WorkerPool, FedWorkKeepsEachAnswerWithItsRequestThroughCrashesAndHangs) {
+  WorkerPool pool(options(2));
+  std::vector<std::vector<json>> rounds = {{probe("segfault.py"), probe("good_relu.py")},
+                                           {probe("hang.py", 5), probe("noisy_stdout.py")},
+                                           {probe("abort.py"), probe("good_relu.py")}};
+  std::size_t handed = 0;
+  std::vector<int> seen(6, 0);
+  std::vector<WorkerResult> results(6);
+  pool.run_fed(
+      [&] { return handed < rounds.size() ? rounds[handed++] : std::vector<json>{}; },
+      [&](WorkerResult&& r) {
+        ASSERT_LT(r.index, seen.size());
+        seen[r.index]++;
+        results[r.index] = std::move(r);
+      });
+  EXPECT_EQ(handed, rounds.size());
+  for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i], 1) << "request " << i << " answered once";
+  EXPECT_EQ(results[0].outcome, Outcome::worker_crash) << results[0].reason;
+  EXPECT_EQ(results[2].outcome, Outcome::timeout) << results[2].reason;
+  EXPECT_EQ(results[4].outcome, Outcome::worker_crash) << results[4].reason;
+  EXPECT_NE(results[4].reason.find("signal 6"), std::string::npos) << results[4].reason;
+  for (size_t i : {1, 3, 5}) {
+    ASSERT_EQ(results[i].outcome, Outcome::ok) << i << ": " << results[i].reason;
+    EXPECT_TRUE(results[i].reply["result"]["ok"].get<bool>()) << results[i].reply.dump();
+  }
+  EXPECT_EQ(results[3].reply["result"]["outputs"][0]["shape"], json({4, 4}));
+}

@@ -21,14 +21,6 @@ using nlohmann::json;
 
 namespace {
 
-// Written beside and renamed: a kill never leaves half a marker or half a data file.
-void write_text_atomic(const fs::path& file, const std::string& text) {
-  fs::create_directories(file.parent_path());
-  fs::path tmp = file.string() + ".tmp";
-  std::ofstream(tmp, std::ios::binary) << text;
-  fs::rename(tmp, file);
-}
-
 // A preset section's keys as command-line options: {"max_new_tokens": 8} -> --max-new-tokens 8,
 // true -> a flag, false -> nothing. Keys in `skip` belong to the recipe itself.
 std::vector<std::string> options_of(const json& section, const std::set<std::string>& skip = {}) {

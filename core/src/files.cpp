@@ -1,5 +1,7 @@
 #include "opforge/core/files.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <fstream>
 #include <sstream>
@@ -14,6 +16,19 @@ std::string read_text(const std::filesystem::path& p) {
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+void write_text_atomic(const std::filesystem::path& file, std::string_view text) {
+  std::filesystem::create_directories(file.parent_path());
+  // The PID in the name: two processes writing one marker do not write into each other's copy.
+  std::filesystem::path tmp = file.string() + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.flush();
+    OPFORGE_CHECK(out.good(), "cannot write {}: check that its folder is writable and the disk not full", tmp.string());
+  }
+  std::filesystem::rename(tmp, file);
 }
 
 std::vector<std::filesystem::path> python_files_under(const std::filesystem::path& dir) {

@@ -1,5 +1,7 @@
 #include "opforge/core/shard.h"
 
+#include <fmt/format.h>
+
 #include <charconv>
 
 #include "opforge/core/error.h"
@@ -29,6 +31,10 @@ Shard parse_shard(const std::string& spec) {
 
 bool in_shard(const std::string& task_id, Shard shard) {
   return shard.count <= 1 || xxh3_64(task_id) % static_cast<std::uint64_t>(shard.count) == static_cast<std::uint64_t>(shard.index);
+}
+
+std::filesystem::path shard_marker(const std::filesystem::path& workspace, std::string_view stage, Shard shard) {
+  return workspace / "done" / fmt::format("{}.shard-{}-of-{}.json", stage, shard.index, shard.count);
 }
 
 }  // namespace opforge

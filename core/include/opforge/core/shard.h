@@ -4,7 +4,9 @@
 // Which part a task belongs to depends only on its id (xxh3 of the id, modulo N), so every shard
 // of every stage agrees on it without talking to the others.
 #pragma once
+#include <filesystem>
 #include <string>
+#include <string_view>
 
 namespace opforge {
 
@@ -16,5 +18,8 @@ struct Shard {
 Shard parse_shard(const std::string& spec);
 // Whether the task with this id belongs to the shard: xxh3_64(task_id) % count == index.
 bool in_shard(const std::string& task_id, Shard shard);
+// A stage's completion marker of a shard in a workspace: WORKSPACE/done/STAGE.shard-I-of-N.json,
+// the name the launchers' scripts look for (data/launchers/shard.sh).
+std::filesystem::path shard_marker(const std::filesystem::path& workspace, std::string_view stage, Shard shard);
 
 }  // namespace opforge
