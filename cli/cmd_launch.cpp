@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <set>
@@ -24,6 +23,7 @@
 #include "opforge/core/files.h"
 #include "opforge/core/hash.h"
 #include "opforge/core/paths.h"
+#include "opforge/core/shard.h"
 
 namespace opforge::cli {
 namespace {
@@ -190,9 +190,7 @@ struct Launch {
   fs::path root, base, bin;
   fs::path dir() const { return root / "launch"; }
   fs::path logs() const { return root / "logs"; }
-  std::string marker(int i) const {
-    return fmt::format("shards/{}/done/launch.shard-{}-of-{}.json", i, i, o.shards);
-  }
+  fs::path marker(int i) const { return shard_marker(root / "shards" / std::to_string(i), "launch", {i, o.shards}); }
   // What a shard's result depends on, written into its marker: a finished shard is reused only
   // by a run with the same stages and compose/filter options (dedup and export may change).
   std::string config() const {
@@ -216,18 +214,7 @@ Launch resolve(const std::string& command, const LaunchOptions& o) {
 
 // Written beside and renamed over: bash reads a script as it runs, so a job of an earlier
 // submission still running keeps the copy it started with.
-void write_script(const fs::path& p, const std::string& text) {
-  fs::create_directories(p.parent_path());
-  fs::path tmp = p.string() + ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp);
-    f << text;
-    OPFORGE_CHECK(f.good(), "cannot write {}", tmp.string());
-  }
-  fs::permissions(tmp, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec | fs::perms::others_read |
-                           fs::perms::others_exec);
-  fs::rename(tmp, p);
-}
+void write_script(const fs::path& p, const std::string& text) { write_text_atomic(p, text, true); }
 
 std::string script_header(const Launch& l, const std::string& body) {
   return fmt::format(
@@ -255,7 +242,7 @@ std::vector<int> pending_shards(const Launch& l) {
   std::vector<int> out;
   const std::string config = l.config();
   for (int i = 0; i < l.o.shards; ++i) {
-    fs::path m = l.root / l.marker(i);
+    fs::path m = l.marker(i);
     if (!fs::exists(m)) {
       out.push_back(i);
       continue;

@@ -18,7 +18,7 @@ std::string read_text(const std::filesystem::path& p) {
   return s.str();
 }
 
-void write_text_atomic(const std::filesystem::path& file, std::string_view text) {
+void write_text_atomic(const std::filesystem::path& file, std::string_view text, bool executable) {
   std::filesystem::create_directories(file.parent_path());
   // The PID in the name: two processes writing one marker do not write into each other's copy.
   std::filesystem::path tmp = file.string() + ".tmp" + std::to_string(::getpid());
@@ -27,6 +27,11 @@ void write_text_atomic(const std::filesystem::path& file, std::string_view text)
     out << text;
     out.flush();
     OPFORGE_CHECK(out.good(), "cannot write {}: check that its folder is writable and the disk not full", tmp.string());
+  }
+  if (executable) {
+    using std::filesystem::perms;
+    std::filesystem::permissions(tmp, perms::owner_all | perms::group_read | perms::group_exec | perms::others_read |
+                                          perms::others_exec);
   }
   std::filesystem::rename(tmp, file);
 }
