@@ -54,12 +54,6 @@ CREATE TABLE dedup_config (
 
 namespace {
 
-bool table_exists(Db& db, const std::string& name) {
-  auto st = db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?");
-  st.bind(1, name);
-  return st.step();
-}
-
 struct Item {
   std::string id;      // task id, or the reference's relative path
   std::string code;
@@ -234,7 +228,7 @@ DedupSummary dedup(Workspace& ws, const DedupOptions& opts) {
   }
 
   std::vector<Item> items;
-  if (table_exists(db, "filter_results")) {
+  if (db.has_table("filter_results")) {
     auto st = db.prepare(
         "SELECT t.id, coalesce(f.code, t.code), f.ops FROM tasks t JOIN filter_results f ON f.task_id = t.id "
         "WHERE f.verdict = 'accepted' ORDER BY t.id");
@@ -431,7 +425,7 @@ json status(Db& db) {
     }
   }
   // Accepted tasks the last dedup run did not see (accepted since).
-  if (table_exists(db, "filter_results")) {
+  if (db.has_table("filter_results")) {
     auto p = db.prepare(
         "SELECT count(*) FROM filter_results f LEFT JOIN dedup_results d ON d.task_id = f.task_id "
         "WHERE f.verdict = 'accepted' AND d.task_id IS NULL");

@@ -64,18 +64,12 @@ void read_shard(const fs::path& p, std::vector<EvalTask>& out) {
   }
 }
 
-bool has_table(Db& db, const std::string& name) {
-  auto st = db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?");
-  st.bind(1, name);
-  return st.step();
-}
-
 void read_workspace(const fs::path& dir, std::vector<EvalTask>& out) {
   Db db(dir / "opforge.db");
-  OPFORGE_CHECK(has_table(db, "tasks"), "{} has no tasks table: compose or import tasks first", dir.string());
+  OPFORGE_CHECK(db.has_table("tasks"), "{} has no tasks table: compose or import tasks first", dir.string());
   std::string sql = "SELECT t.id, t.code FROM tasks t ORDER BY t.id";
   bool filtered = false;
-  if (has_table(db, "filter_results")) {
+  if (db.has_table("filter_results")) {
     auto st = db.prepare("SELECT 1 FROM filter_results LIMIT 1");
     filtered = st.step();
   }
@@ -83,7 +77,7 @@ void read_workspace(const fs::path& dir, std::vector<EvalTask>& out) {
     // The filter's code is the calibrated one it timed: what export would ship.
     sql = "SELECT t.id, coalesce(f.code, t.code) FROM tasks t JOIN filter_results f ON f.task_id = t.id "
           "WHERE f.verdict = 'accepted'";
-    if (has_table(db, "dedup_results"))
+    if (db.has_table("dedup_results"))
       sql += " AND (NOT EXISTS (SELECT 1 FROM dedup_results) OR t.id IN (SELECT task_id FROM dedup_results WHERE kept = 1))";
     sql += " ORDER BY t.id";
   }

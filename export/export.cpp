@@ -29,12 +29,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool table_exists(Db& db, const std::string& name) {
-  auto st = db.prepare("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?");
-  st.bind(1, name);
-  return st.step();
-}
-
 long count(Db& db, const std::string& sql) {
   auto st = db.prepare(sql);
   return st.step() ? st.int64(0) : 0;
@@ -237,14 +231,14 @@ namespace {
 // Only kept tasks are exported, and "kept" means nothing until dedup has seen every accepted task.
 // Returns the number of accepted tasks.
 long check_deduped(Db& db, const Workspace& ws) {
-  OPFORGE_CHECK(table_exists(db, "filter_results") && table_exists(db, "tasks"),
+  OPFORGE_CHECK(db.has_table("filter_results") && db.has_table("tasks"),
                 "workspace {} has no filter results: run `opforge filter` and then `opforge dedup` first",
                 ws.root().string());
   long accepted = count(db, "SELECT count(*) FROM filter_results WHERE verdict = 'accepted'");
   OPFORGE_CHECK(accepted > 0, "workspace {} has no accepted task: run `opforge filter` and then `opforge dedup` first",
                 ws.root().string());
   long undeduped = accepted;
-  if (table_exists(db, "dedup_results"))
+  if (db.has_table("dedup_results"))
     undeduped = count(db,
                       "SELECT count(*) FROM filter_results f LEFT JOIN dedup_results d ON d.task_id = f.task_id "
                       "WHERE f.verdict = 'accepted' AND d.task_id IS NULL");
@@ -337,7 +331,7 @@ std::pair<json, long> counts(Db& db, const std::string& sql) {
 
 json funnel_of(Db& db, long accepted, const ExportSummary& sum) {
   json funnel;
-  if (table_exists(db, "seeds"))
+  if (db.has_table("seeds"))
     funnel["seeds"] = counts(db, "SELECT status, count(*) FROM seeds GROUP BY status ORDER BY status").first;
   auto [backends, candidates] = counts(db, "SELECT backend, count(*) FROM tasks GROUP BY backend ORDER BY backend");
   funnel["candidates"] = {{"total", candidates}, {"by_backend", backends}};
@@ -354,7 +348,7 @@ json funnel_of(Db& db, long accepted, const ExportSummary& sum) {
   // Over every candidate drawn, a composition that failed included: what a draw yields.
   json failed = json::object();
   long failures = 0;
-  if (table_exists(db, "compose_failures"))
+  if (db.has_table("compose_failures"))
     std::tie(failed, failures) = counts(db, "SELECT reason, count(*) FROM compose_failures GROUP BY 1 ORDER BY 1");
   long drawn = candidates + failures;
   auto share = [&](long n) { return drawn > 0 ? json(static_cast<double>(n) / static_cast<double>(drawn)) : json(nullptr); };
@@ -408,7 +402,7 @@ json write_stats(const fs::path& dir, const json& stats) {
 // Versions: what the seeds were crawled with, else what the filter ran under.
 json versions_of(Db& db, const std::vector<Record>& recs) {
   json versions = {{"opforge", version()}};
-  if (table_exists(db, "seeds")) {
+  if (db.has_table("seeds")) {
     auto st = db.prepare("SELECT versions FROM seeds WHERE versions IS NOT NULL ORDER BY name LIMIT 1");
     if (st.step())
       if (json v = json::parse(st.text(0)); v.is_object())
@@ -420,14 +414,14 @@ json versions_of(Db& db, const std::vector<Record>& recs) {
 }
 
 json dedup_config_of(Db& db) {
-  if (!table_exists(db, "dedup_config")) return nullptr;
+  if (!db.has_table("dedup_config")) return nullptr;
   auto st = db.prepare("SELECT config FROM dedup_config WHERE id = 1");
   return st.step() ? json::parse(st.text(0)) : json(nullptr);
 }
 
 // The filter configurations the exported records were judged under, with their record counts.
 json filter_configs_of(Db& db, const std::vector<Record>& recs) {
-  if (!table_exists(db, "filter_configs")) return nullptr;
+  if (!db.has_table("filter_configs")) return nullptr;
   std::map<std::string, long> used;
   auto st = db.prepare("SELECT coalesce(config, 'unrecorded') FROM filter_results WHERE task_id = ?");
   for (auto& r : recs) {
