@@ -114,8 +114,7 @@ namespace {
 
 json load_seeds(Db& db) {
   json seeds = json::array();
-  auto has = db.prepare("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'seeds'");
-  if (!has.step() || has.int64(0) == 0) return seeds;  // never crawled
+  if (!db.has_table("seeds")) return seeds;  // never crawled
   auto st = db.prepare(
       "SELECT id, name, source, category, spec, outputs, inputs, probe_ms, code FROM seeds "
       "WHERE status = 'runnable' ORDER BY name");
@@ -133,11 +132,13 @@ json load_seeds(Db& db) {
   return seeds;
 }
 
+// The indices of (backend ?1, rng seed ?2) already committed, each as a task or a failure: i.
+constexpr const char* kCommitted =
+    "SELECT json_extract(provenance, '$.index') AS i FROM tasks WHERE backend = ?1 AND json_extract(provenance, "
+    "'$.rng_seed') = ?2 UNION ALL SELECT idx FROM compose_failures WHERE backend = ?1 AND rng_seed = ?2";
+
 long next_index(Db& db, const std::string& backend, std::uint64_t seed) {
-  auto st = db.prepare(
-      "SELECT max(i) FROM (SELECT json_extract(provenance, '$.index') AS i FROM tasks WHERE backend = ?1 AND "
-      "json_extract(provenance, '$.rng_seed') = ?2 UNION ALL SELECT idx FROM compose_failures WHERE backend = ?1 "
-      "AND rng_seed = ?2)");
+  auto st = db.prepare(fmt::format("SELECT max(i) FROM ({})", kCommitted));
   st.bind(1, backend).bind(2, static_cast<std::int64_t>(seed));
   return st.step() && !st.is_null(0) ? st.int64(0) + 1 : 0;
 }
@@ -214,7 +215,6 @@ struct OfflineRun {
   const ComposeOptions& opts;
   std::map<std::string, long> quota, added_in;
   ComposeSummary sum;
-  bool quotas = true;  // off in a sharded run: a quota would need the other shards' tasks
 
   void fail(long i, const std::string& bucket, const std::string& reason, const std::string& detail) {
     record_failure(db, opts.backend, opts.seed, i, bucket, reason, detail);
@@ -230,7 +230,8 @@ struct OfflineRun {
       return;
     }
     std::string bucket = rec["bucket"];
-    if (quotas && added_in[bucket] >= quota[bucket])
+    // No quotas in a sharded run: they would need the other shards' tasks.
+    if (!opts.shard && added_in[bucket] >= quota[bucket])
       return fail(i, bucket, "over_quota", "bucket already full in this run");
     if (!rec.value("ok", false)) {
       fail(i, bucket, rec.value("reason", "unknown"), rec.value("message", ""));
@@ -371,15 +372,15 @@ ComposeSummary compose_offline(Workspace& ws, const ComposeOptions& opts,
   return run.sum;
 }
 
-// The highest index of [first, end) already committed (a task or a failure), or first - 1.
-long last_committed(Db& db, const ComposeOptions& opts, long first, long end) {
-  auto st = db.prepare(
-      "SELECT max(i) FROM (SELECT json_extract(provenance, '$.index') AS i FROM tasks WHERE backend = ?1 AND "
-      "json_extract(provenance, '$.rng_seed') = ?2 UNION ALL SELECT idx FROM compose_failures WHERE backend = ?1 AND "
-      "rng_seed = ?2) WHERE i >= ?3 AND i < ?4");
-  st.bind(1, opts.backend).bind(2, static_cast<std::int64_t>(opts.seed)).bind(3, static_cast<std::int64_t>(first));
-  st.bind(4, static_cast<std::int64_t>(end));
-  return st.step() && !st.is_null(0) ? st.int64(0) : first - 1;
+// The highest index already committed (a task or a failure) in each block of [0, count) that has
+// one, by block: one pass over the run's tasks, not one per block.
+std::map<long, long> last_committed(Db& db, const ComposeOptions& opts) {
+  auto st = db.prepare(fmt::format("SELECT i / ?3, max(i) FROM ({}) WHERE i >= 0 AND i < ?4 GROUP BY 1", kCommitted));
+  st.bind(1, opts.backend).bind(2, static_cast<std::int64_t>(opts.seed));
+  st.bind(3, static_cast<std::int64_t>(opts.block_size)).bind(4, static_cast<std::int64_t>(opts.count));
+  std::map<long, long> last;
+  while (st.step()) last[st.int64(0)] = st.int64(1);
+  return last;
 }
 
 // A fixed-count run's part (--shard I/N): the blocks b % N == I of indices [0, count), each
@@ -390,16 +391,17 @@ ComposeSummary compose_shard(Workspace& ws, const ComposeOptions& opts,
   const long block = opts.block_size, count = opts.count;
   std::vector<json> todo;  // {first, start, end} of each block left
   long indices = 0;
+  auto last = last_committed(ws.db(), opts);
   for (long b = shard.index; b * block < count; b += shard.count) {
     long first = b * block, end = std::min(first + block, count);
     indices += end - first;
-    long start = last_committed(ws.db(), opts, first, end) + 1;
+    auto it = last.find(b);
+    long start = it == last.end() ? first : it->second + 1;
     if (start < end) todo.push_back({first, start, end});
   }
   spdlog::info("compose shard {}/{}: {} of the {} {} indices of seed {} (blocks of {}), {} blocks left",
                shard.index, shard.count, indices, count, opts.backend, opts.seed, block, todo.size());
   OfflineRun run{ws.db(), opts, {}, {}, {}};
-  run.quotas = false;
   if (todo.empty()) return run.sum;
   json args = offline_args(ws, opts, mix, bucket_quotas(mix, count));
   WorkerPool pool(offline_pool(ws, opts));
