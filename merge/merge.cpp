@@ -4,7 +4,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
@@ -32,13 +31,20 @@ bool merged_table(const std::string& name) {
   return !ends_with(name, "leases") && !ends_with(name, "holders");
 }
 
-// Time stamps and timings differ between any two runs of the same work: not compared.
-bool compared_column(const std::string& c) { return !ends_with(c, "_at") && !ends_with(c, "_ms"); }
-
 struct Table {
   std::string name;
   std::vector<std::string> cols, pk;
 };
+
+// The columns two rows of one key must agree on: not the key, nor time stamps and timings
+// (*_at, *_ms), which differ between any two runs of the same work.
+std::vector<std::string> compared_columns(const Table& t) {
+  std::vector<std::string> cmp;
+  for (auto& c : t.cols)
+    if (!ends_with(c, "_at") && !ends_with(c, "_ms") && std::find(t.pk.begin(), t.pk.end(), c) == t.pk.end())
+      cmp.push_back(c);
+  return cmp;
+}
 
 Table table_info(Db& db, const std::string& schema, const std::string& name) {
   Table t{name, {}, {}};
@@ -155,6 +161,7 @@ class Merger {
   long generic(const Table& t);
   long tasks(const Table& t);
   long filter_results(const Table& t);
+  long add_missing(const Table& t);
   void conflict(json c) {
     spdlog::warn("merge: conflict in {} at {}: {}", c["table"].get<std::string>(), c["key"].dump(),
                  c["resolution"].get<std::string>());
@@ -180,27 +187,28 @@ void Merger::check_schema() {
                             source_, st.text(0), st.int64(1), st.is_null(2) ? "none" : std::to_string(st.int64(2))));
 }
 
+// The source's rows whose key out lacks, added; the number added.
+long Merger::add_missing(const Table& t) {
+  db_.exec(fmt::format("INSERT INTO main.\"{0}\"({1}) SELECT {1} FROM src.\"{0}\" WHERE true ON CONFLICT DO NOTHING",
+                       t.name, quoted_list(t.cols)));
+  return changes(db_);
+}
+
 // Rows whose key out lacks are added; a differing row already there stays (reported).
 long Merger::generic(const Table& t) {
-  std::string cols = quoted_list(t.cols);
   if (t.pk.empty()) {
     db_.exec(fmt::format("INSERT INTO main.\"{0}\"({1}) SELECT {1} FROM src.\"{0}\" EXCEPT SELECT {1} FROM main.\"{0}\"",
-                         t.name, cols));
+                         t.name, quoted_list(t.cols)));
     return changes(db_);
   }
-  std::vector<std::string> cmp;
-  for (auto& c : t.cols)
-    if (compared_column(c) && std::find(t.pk.begin(), t.pk.end(), c) == t.pk.end()) cmp.push_back(c);
   std::string on;
   for (auto& k : t.pk) on += fmt::format("{}s.\"{}\" = m.\"{}\"", on.empty() ? "" : " AND ", k, k);
   auto st = db_.prepare(fmt::format("SELECT json_array({}) FROM src.\"{}\" s JOIN main.\"{}\" m ON {} WHERE NOT ({})",
-                                    quoted_list(t.pk, "s."), t.name, t.name, on, same_row(cmp)));
+                                    quoted_list(t.pk, "s."), t.name, t.name, on, same_row(compared_columns(t))));
   while (st.step())
     conflict({{"table", t.name}, {"key", json::parse(st.text(0))}, {"source", source_},
               {"resolution", "kept the row merged first; this source's differs"}});
-  db_.exec(fmt::format("INSERT INTO main.\"{0}\"({1}) SELECT {1} FROM src.\"{0}\" WHERE true ON CONFLICT DO NOTHING",
-                       t.name, cols));
-  return changes(db_);
+  return add_missing(t);
 }
 
 // A task id in out and the source with another row is one task composed twice (or imported
@@ -209,11 +217,8 @@ long Merger::generic(const Table& t) {
 long Merger::tasks(const Table& t) {
   std::vector<std::tuple<std::string, json, json>> twice;  // id, source's provenance, out's
   {
-    std::vector<std::string> cmp;
-    for (auto& c : t.cols)
-      if (compared_column(c) && c != "id") cmp.push_back(c);
     auto st = db_.prepare(fmt::format("SELECT s.id, s.provenance, m.provenance FROM src.tasks s JOIN main.tasks m "
-                                      "USING (id) WHERE NOT ({})", same_row(cmp)));
+                                      "USING (id) WHERE NOT ({})", same_row(compared_columns(t))));
     while (st.step()) twice.emplace_back(st.text(0), json::parse(st.text(1)), json::parse(st.text(2)));
   }
   for (auto& [id, theirs, ours] : twice) {
@@ -242,16 +247,12 @@ long Merger::tasks(const Table& t) {
     report_["duplicates"].push_back(std::move(d));
     ++duplicates_;
   }
-  db_.exec(fmt::format("INSERT INTO main.tasks({0}) SELECT {0} FROM src.tasks WHERE true ON CONFLICT DO NOTHING",
-                       quoted_list(t.cols)));
-  return changes(db_);
+  return add_missing(t);
 }
 
-namespace {
 Verdict read_verdict(Stmt& st, int col) {
   return {st.text(col), st.text(col + 1), st.text(col + 2), st.text(col + 3), json::parse(st.text(col + 4))};
 }
-}  // namespace
 
 // Two verdicts of one task that differ in verdict, reason or configuration: kPrefer decides, the
 // loser joins the winner's history.
@@ -284,13 +285,8 @@ long Merger::filter_results(const Table& t) {
               {"resolution", fmt::format("kept the {} verdict{}; the other is in its history", win.verdict,
                                          theirs_wins ? " of this source" : " merged before")}});
   }
-  db_.exec(fmt::format(
-      "INSERT INTO main.filter_results({0}) SELECT {0} FROM src.filter_results WHERE true ON CONFLICT DO NOTHING",
-      quoted_list(t.cols)));
-  return changes(db_);
+  return add_missing(t);
 }
-
-namespace {
 
 // The source's done/ markers that out lacks (which shards of which stage the merge holds).
 json copy_markers(const fs::path& from, const fs::path& to) {
@@ -307,8 +303,6 @@ json copy_markers(const fs::path& from, const fs::path& to) {
   return copied;
 }
 
-}  // namespace
-
 json Merger::source(const fs::path& ws) {
   source_ = fs::absolute(ws).string();
   conflicts_ = duplicates_ = 0;
@@ -317,9 +311,8 @@ json Merger::source(const fs::path& ws) {
   try {
     db_.transaction([&] {
       check_schema();
-      auto ours = tables(db_, "main");
       for (auto& name : merge_order(tables(db_, "src"))) {
-        OPFORGE_CHECK(std::find(ours.begin(), ours.end(), name) != ours.end(),
+        OPFORGE_CHECK(db_.has_table(name),
                       "{} has a table {} that this opforge does not make: merge with the opforge that made it",
                       source_, name);
         Table t = table_info(db_, "main", name);
