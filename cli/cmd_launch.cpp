@@ -69,15 +69,9 @@ void add_launch_options(CLI::App* cmd, LaunchOptions& o) {
   cmd->add_option("--opforge", o.opforge, "The opforge binary the nodes run (default: this one)");
 }
 
-std::string sh_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 std::string sh_array(const Args& a) {
   std::string s = "(";
-  for (std::size_t i = 0; i < a.size(); ++i) s += (i ? " " : "") + sh_quote(a[i]);
+  for (std::size_t i = 0; i < a.size(); ++i) s += (i ? " " : "") + shell_quoted(a[i]);
   return s + ")";
 }
 
@@ -220,7 +214,7 @@ std::string script_header(const Launch& l, const std::string& body) {
   return fmt::format(
       "#!/usr/bin/env bash\n# Written by `opforge {}` from data/launchers/{} (the part below the variables).\n"
       "OPFORGE={}\nBASE={}\nROOT={}\nSHARDS={}\nSTAGES={}\nCONFIG={}\n",
-      l.command, body, sh_quote(l.bin.string()), sh_quote(l.base.string()), sh_quote(l.root.string()), l.o.shards,
+      l.command, body, shell_quoted(l.bin.string()), shell_quoted(l.base.string()), shell_quoted(l.root.string()), l.o.shards,
       sh_array(l.stages), l.config());
 }
 
@@ -280,14 +274,14 @@ std::pair<fs::path, fs::path> write_sbatch(const Launch& l, const std::vector<in
       "#SBATCH --output={}/shard-%a.out\n#SBATCH --open-mode=append\n",
       ranges(pending), l.o.cpus, l.logs().string());
   if (l.o.gpus > 0) shards += fmt::format("#SBATCH --gres=gpu:{}\n", l.o.gpus);
-  shards += common + "exec bash " + sh_quote((l.dir() / "shard.sh").string()) + " \"$SLURM_ARRAY_TASK_ID\"\n";
+  shards += common + "exec bash " + shell_quoted((l.dir() / "shard.sh").string()) + " \"$SLURM_ARRAY_TASK_ID\"\n";
   // The merge waits for the array through --dependency=afterok:ARRAY_ID, given at submission;
   // when a shard fails Slurm cancels it (kill-on-invalid-dep) instead of leaving it pending
   // forever, so a resubmission starts clean.
   std::string merge = fmt::format(
       "#!/bin/bash\n#SBATCH --job-name=opforge-merge\n#SBATCH --cpus-per-task={}\n#SBATCH --output={}/merge.out\n"
       "#SBATCH --open-mode=append\n#SBATCH --kill-on-invalid-dep=yes\n{}exec bash {}\n",
-      l.o.cpus, l.logs().string(), common, sh_quote((l.dir() / "merge.sh").string()));
+      l.o.cpus, l.logs().string(), common, shell_quoted((l.dir() / "merge.sh").string()));
   fs::path a = l.dir() / "shards.sbatch", m = l.dir() / "merge.sbatch";
   if (!pending.empty()) write_script(a, shards);
   write_script(m, merge);
@@ -309,8 +303,8 @@ fs::path on_path(const std::string& name) {
 
 // `sbatch --parsable ARGS`; returns the job id. sbatch's own errors go to our stderr.
 std::string sbatch(const fs::path& exe, const Args& args) {
-  std::string cmd = sh_quote(exe.string()) + " --parsable";
-  for (auto& a : args) cmd += " " + sh_quote(a);
+  std::string cmd = shell_quoted(exe.string()) + " --parsable";
+  for (auto& a : args) cmd += " " + shell_quoted(a);
   spdlog::info("launch: {}", cmd);
   FILE* p = ::popen(cmd.c_str(), "r");
   OPFORGE_CHECK(p, "cannot run {}: {}", exe.string(), std::strerror(errno));

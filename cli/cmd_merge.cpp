@@ -1,6 +1,5 @@
 #include <spdlog/spdlog.h>
 
-#include <fstream>
 #include <iostream>
 
 #include "commands.h"
@@ -10,6 +9,7 @@
 #include "filter.h"
 #include "merge.h"
 #include "opforge/core/error.h"
+#include "opforge/core/files.h"
 #include "opforge/core/llm_client.h"
 #include "opforge/core/store.h"
 
@@ -45,11 +45,8 @@ int merge_workspaces(const MergeOpts& o) {
   migrate_all(ws.db());
   nlohmann::json report = merge::merge_workspaces(ws, sources);
   fs::path file = o.report_file.empty() ? ws.root() / "merge-report.json" : fs::path(o.report_file);
-  with_context(fmt::format("while writing the merge report {}", file.string()), [&] {
-    std::ofstream f(file);
-    f << report.dump(2) << "\n";
-    OPFORGE_CHECK(f.good(), "cannot write {}", file.string());
-  });
+  with_context(fmt::format("while writing the merge report {}", file.string()),
+               [&] { write_text_atomic(file, report.dump(2) + "\n"); });
   spdlog::info("merge: {} sources into {}: {} conflicts, {} tasks made twice (report: {}); run `opforge dedup "
                "--workspace {}` before export", sources.size(), o.out, report["conflicts"].size(),
                report["duplicates"].size(), file.string(), o.out);

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "opforge/core/error.h"
+#include "opforge/core/files.h"
 #include "opforge/core/hash.h"
 #include "opforge/core/paths.h"
 #include "opforge/core/progress.h"
@@ -588,33 +589,23 @@ json shard_arguments(const ComposeOptions& o) {
 bool marker_says_done(const std::filesystem::path& marker, const json& args) {
   if (!std::filesystem::exists(marker)) return false;
   try {
-    std::ifstream f(marker);
-    return json::parse(f).at("arguments") == args;
+    return json::parse(read_text(marker)).at("arguments") == args;
   } catch (const std::exception& e) {  // a torn or foreign file: compose (resuming) and rewrite it
     spdlog::warn("ignoring unreadable marker {}: {}", marker.string(), e.what());
     return false;
   }
 }
 
-// Written to a temporary name and renamed, so a marker is whole or absent.
+// Written whole or not at all (write_text_atomic), as the filter's marker.
 void write_marker(const std::filesystem::path& marker, const json& args, const ComposeSummary& s) {
-  with_context(fmt::format("while writing the marker {}", marker.string()), [&] {
-    std::filesystem::create_directories(marker.parent_path());
-    json m = {{"stage", "compose"},
-              {"arguments", args},
-              {"summary", {{"added", s.added}, {"failed", s.failed}, {"duplicates", s.duplicates},
-                           {"by_bucket", s.by_bucket}, {"failures", s.failures}}},
-              {"finished_at", std::chrono::duration_cast<std::chrono::seconds>(
-                                  std::chrono::system_clock::now().time_since_epoch()).count()}};
-    auto tmp = marker;
-    tmp += ".tmp";
-    {
-      std::ofstream f(tmp);
-      f << m.dump(2) << "\n";
-      OPFORGE_CHECK(f.good(), "cannot write {}", tmp.string());
-    }
-    std::filesystem::rename(tmp, marker);
-  });
+  json m = {{"stage", "compose"},
+            {"arguments", args},
+            {"summary", {{"added", s.added}, {"failed", s.failed}, {"duplicates", s.duplicates},
+                         {"by_bucket", s.by_bucket}, {"failures", s.failures}}},
+            {"finished_at", std::chrono::duration_cast<std::chrono::seconds>(
+                                std::chrono::system_clock::now().time_since_epoch()).count()}};
+  with_context(fmt::format("while writing the marker {}", marker.string()),
+               [&] { write_text_atomic(marker, m.dump(2) + "\n"); });
 }
 
 ComposeSummary compose_sharded(Workspace& ws, const ComposeOptions& opts,
@@ -636,7 +627,7 @@ ComposeSummary compose_sharded(Workspace& ws, const ComposeOptions& opts,
 }  // namespace
 
 std::filesystem::path shard_marker(const Workspace& ws, Shard shard) {
-  return ws.root() / "done" / fmt::format("compose.shard-{}-of-{}.json", shard.index, shard.count);
+  return opforge::shard_marker(ws.root(), "compose", shard);
 }
 
 ComposeSummary compose(Workspace& ws, const ComposeOptions& opts) {

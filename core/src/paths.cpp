@@ -34,15 +34,11 @@ std::filesystem::path opforge_executable() {
 
 const char* version() { return OPFORGE_VERSION; }
 
-namespace {
-
 std::string shell_quoted(const std::string& s) {
   std::string q = "'";
   for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
   return q + "'";
 }
-
-}  // namespace
 
 int run_python_module(const std::string& module, const std::vector<std::string>& args) {
   std::string cmd = "PYTHONPATH=" + shell_quoted(python_package_dir().string()) + " " +

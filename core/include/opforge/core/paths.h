@@ -14,6 +14,8 @@ std::filesystem::path python_package_dir();
 // The venv interpreter the workers embed: $OPFORGE_PYTHON, else the one chosen at configure time.
 // Throws opforge::Error saying how to fix it when it does not exist.
 std::filesystem::path python_executable();
+// `s` as one word for a POSIX shell: single-quoted, its own single quotes escaped.
+std::string shell_quoted(const std::string& s);
 // `python -m MODULE ARGS...` with the venv's interpreter and opforge's package on its path, its
 // stdout sent to stderr (stdout is the command's data); returns the exit status.
 int run_python_module(const std::string& module, const std::vector<std::string>& args);
