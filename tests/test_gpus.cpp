@@ -62,12 +62,16 @@ TEST(Gpus, CudaVisibleDevicesPicksAndOrdersTheGpus) {
 
 TEST(Gpus, SlotsGoRoundRobinWithTheirGpusLockAndSharing) {
   auto dir = std::filesystem::temp_directory_path() / "opforge-test-gpu-slots";
+  auto host = std::filesystem::temp_directory_path() / "opforge-test-gpu-host-locks";
+  ScopedEnv e("OPFORGE_LOCK_DIR", host.c_str());
   auto slots = gpu_slot_env({"3", "GPU-a"}, 3, dir);
   ASSERT_EQ(slots.size(), 3u);
   EXPECT_EQ(slots[0].at("CUDA_VISIBLE_DEVICES"), "3");
   EXPECT_EQ(slots[1].at("CUDA_VISIBLE_DEVICES"), "GPU-a");
   EXPECT_EQ(slots[2].at("CUDA_VISIBLE_DEVICES"), "3");
-  EXPECT_EQ(slots[0].at("OPFORGE_TIMING_LOCK"), (dir / "gpu3.lock").string());
+  // The GPU's lock is the host's, not the run's: two runs on one GPU (shards) time in turn.
+  EXPECT_EQ(slots[0].at("OPFORGE_TIMING_LOCK"), (host / "gpu3.lock").string());
+  EXPECT_EQ(gpu_slot_env({"3"}, 1, dir / "other-run")[0].at("OPFORGE_TIMING_LOCK"), slots[0].at("OPFORGE_TIMING_LOCK"));
   EXPECT_EQ(slots[2].at("OPFORGE_TIMING_LOCK"), slots[0].at("OPFORGE_TIMING_LOCK")) << "one lock per GPU";
   EXPECT_EQ(slots[0].at("OPFORGE_WORKERS_ON_GPU"), "2");
   EXPECT_EQ(slots[1].at("OPFORGE_WORKERS_ON_GPU"), "1");
@@ -76,7 +80,13 @@ TEST(Gpus, SlotsGoRoundRobinWithTheirGpusLockAndSharing) {
   EXPECT_EQ(cpu[1].at("CUDA_VISIBLE_DEVICES"), "");
   EXPECT_EQ(cpu[1].at("OPFORGE_TIMING_LOCK"), (dir / "cpu.lock").string());
   EXPECT_TRUE(std::filesystem::is_directory(dir));
+  EXPECT_TRUE(std::filesystem::is_directory(host));
   std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(host);
+  {
+    ScopedEnv unset("OPFORGE_LOCK_DIR", nullptr);
+    EXPECT_EQ(gpu_lock_dir().parent_path(), std::filesystem::temp_directory_path());
+  }
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <sstream>
 
+#include <unistd.h>
+
 namespace opforge {
 
 std::vector<std::string> visible_gpus() {
@@ -30,8 +32,14 @@ std::vector<std::string> visible_gpus() {
   return ids;
 }
 
+std::filesystem::path gpu_lock_dir() {
+  if (const char* d = std::getenv("OPFORGE_LOCK_DIR"); d && *d) return d;
+  return std::filesystem::temp_directory_path() / ("opforge-gpu-locks-" + std::to_string(::getuid()));
+}
+
 std::vector<std::map<std::string, std::string>> gpu_slot_env(const std::vector<std::string>& gpus, int workers,
-                                                             const std::filesystem::path& lock_dir) {
+                                                             const std::filesystem::path& cpu_lock_dir) {
+  const auto lock_dir = gpus.empty() ? cpu_lock_dir : gpu_lock_dir();
   std::filesystem::create_directories(lock_dir);
   const int n = static_cast<int>(gpus.size());
   std::vector<std::map<std::string, std::string>> slots;

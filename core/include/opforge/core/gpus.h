@@ -14,12 +14,19 @@ namespace opforge {
 // /dev/nvidiaN device files the driver creates.
 std::vector<std::string> visible_gpus();
 
+// Where the GPUs' timing locks live: one folder for the whole host, so that every opforge
+// process on it (two shards of an array job on one GPU, a filter beside an eval) times a GPU in
+// turn. OPFORGE_LOCK_DIR when set (e.g. one per Slurm job when cgroups give each job its own GPU
+// under the same index), else <tmp>/opforge-gpu-locks-<uid>.
+std::filesystem::path gpu_lock_dir();
+
 // The environment of each of `workers` worker slots spread round-robin over `gpus` (ids from
 // visible_gpus()): CUDA_VISIBLE_DEVICES pins the slot to its GPU, OPFORGE_TIMING_LOCK names the
-// GPU's lock in lock_dir (its workers compile in parallel but never time together, timing.py),
-// OPFORGE_WORKERS_ON_GPU says how many slots share that GPU. With no GPU, every slot gets
-// CUDA_VISIBLE_DEVICES="" and the one CPU lock.
+// GPU's lock in gpu_lock_dir() (its workers compile in parallel but never time together,
+// timing.py), OPFORGE_WORKERS_ON_GPU says how many slots share that GPU. With no GPU, every slot
+// gets CUDA_VISIBLE_DEVICES="" and the one CPU lock in cpu_lock_dir (the run's own: CPU timings
+// of parallel runs are not what a GPU corpus keeps).
 std::vector<std::map<std::string, std::string>> gpu_slot_env(const std::vector<std::string>& gpus, int workers,
-                                                             const std::filesystem::path& lock_dir);
+                                                             const std::filesystem::path& cpu_lock_dir);
 
 }  // namespace opforge
