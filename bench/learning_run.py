@@ -329,7 +329,10 @@ def run_sft(run, model_dir, train, val):
     """SFT in chunks of cfg['sft_chunk'] steps (it resumes) until val_loss plateaus, the step cap or
     the SFT share of the budget. Each chunk's val loss and the plateau count are in the state."""
     args, cfg, d = run.args, run.cfg, os.path.join(run.out, "sft")
-    st = run.state.setdefault("sft", {"chunks": [], "best": None, "stale": 0, "done": None})
+    # The share is SFT's own time, counted from its first chunk: what ran before it (the reference
+    # check took 308 s of an H200 call) must not eat it.
+    st = run.state.setdefault("sft", {"chunks": [], "best": None, "stale": 0, "done": None,
+                                      "start_s": round(run.clock.spent(), 1)})
     for c in st["chunks"]:
         log(f"skip sft chunk to step {c['step']}: done in an earlier call (val_loss {c['val_loss']})")
     while not st["done"]:
@@ -337,7 +340,7 @@ def run_sft(run, model_dir, train, val):
         chunk_s = st["chunks"][-1]["s"] if st["chunks"] else None
         if steps >= cfg["sft_max_steps"]:
             st["done"] = "step cap"
-        elif chunk_s and run.clock.spent() + chunk_s > args.sft_share * args.time_budget_s:
+        elif chunk_s and run.clock.spent() - st.get("start_s", 0) + chunk_s > args.sft_share * args.time_budget_s:
             st["done"] = "time share spent"
         if st["done"]:
             log(f"sft: {st['done']}")
