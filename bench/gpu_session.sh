@@ -24,6 +24,8 @@
 #                 corpus/checkpoints/ops6k-h200.db.gz, the last call's checkpoint, committed), else the crawl;
 #                 stops at RELEASE_TIMEOUT (480 s); ops6k-h200.db.gz (the next checkpoint) and, once finished,
 #                 release_export.tgz come back
+#     shards      issue #16: SH_COUNT (96) candidates as one run and as 2 shards filtered together on GPU 0, merged and
+#                 compared (bench/shards_h200.sh; shards.json and shards.txt come back)
 #     audit       bench/retime_audit.py: AUDIT_N (200) records of AUDIT_DIR (corpus/ops6k-h200) timed again
 #     learning    bench/learning_run.py (issue #14's learning run) on GPU 0 over the export of the committed
 #                 ops6k_h200.db.gz (191 train / 114 test); resumable: each call goes on in /tmp/lr and ends
@@ -39,7 +41,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 P=/opt/torch/.venv/bin/python3
 B=$PWD/build-gpu/opforge
-[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|agent|serve|trainer|throughput|checks|kb|dedupscale|corpus|release|audit|learning..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|agent|serve|trainer|throughput|checks|kb|dedupscale|corpus|release|shards|audit|learning..." >&2; exit 2; }
 source .device/env.sh > /dev/null
 export PATH=/opt/torch/.venv/bin:$PATH
 # bubblewrap comes in .device (pack-debs.sh bubblewrap): the judge sandboxes every solution with it.
@@ -202,7 +204,7 @@ case $step in
     # LEARN_ARGS: more options (e.g. "--bf16 --ppo-steps 30"); options a finished unit depends on
     # must stay the same across the calls of one run (the driver refuses a mismatch).
     CUDA_VISIBLE_DEVICES=0 timeout "$lt" $P bench/learning_run.py --corpus /tmp/lws/export --device cuda --out /tmp/lr \
-      --opforge "$B" --stop-after-s $((lt - 45)) --time-budget-s "${LEARN_BUDGET:-1080}" --verify 8 \
+      --opforge "$B" --stop-after-s $((lt - 45)) --time-budget-s "${LEARN_BUDGET:-1080}" --verify "${LEARN_VERIFY:-8}" \
       --judge-arg "--trials 10 --budget-s 1" ${LEARN_ARGS:-} > "$OUT/learning.txt" 2>&1
     echo "learning run rc $? (0: done, 3: partial, call again; 124: timeout)" >> "$OUT/learning.txt"
     cp /tmp/lr/results.json /tmp/lr/summary.md /tmp/lr/learning_run.png "$OUT"/ 2> /dev/null
@@ -232,6 +234,14 @@ case $step in
     gzip -9c /tmp/rws.ckpt.db > "$OUT/ops6k-h200.db.gz"
     ls -l "$OUT/ops6k-h200.db.gz"
     [ -s /tmp/rws.out ] && tar -C /tmp/rws -czf "$OUT/release_export.tgz" export
+    ;;
+  shards)
+    # Issue #16 on the GPU: SH_COUNT (96) candidates as one run and as 2 shards filtered together on
+    # GPU 0, merged and compared (bench/shards_h200.sh); shards.json comes back.
+    stamp "one run against 2 shards on GPU 0 ($(nvidia-smi --query-gpu=name --format=csv,noheader | head -1))"
+    CUDA_VISIBLE_DEVICES=0 P=$P timeout "${SH_TIMEOUT:-420}" bash bench/shards_h200.sh "$B" "$CRAWL_DB" "$OUT" > "$OUT/shards.txt" 2>&1
+    echo "shards rc $?" >> "$OUT/shards.txt"
+    tail -40 "$OUT/shards.txt"
     ;;
   audit)
     # The release's re-timing audit (docs/release.md): AUDIT_N (200) random records of the export
