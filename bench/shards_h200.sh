@@ -38,10 +38,11 @@ def q(ws, sql):
 tasks = "SELECT id, code, num_ops FROM tasks"
 verd = "SELECT task_id, verdict, reason, code FROM filter_results"
 t1, t2, v1, v2 = q("one", tasks), q("merged", tasks), q("one", verd), q("merged", verd)
-diff = [{"task": k, "one": v1.get(k, [None])[:2], "shards": v2.get(k, [None])[:2],
-         "same_code": (v1.get(k) or [None] * 4)[3] == (v2.get(k) or [None] * 4)[3]}
-        for k in sorted(set(v1) | set(v2)) if (v1.get(k) or [None])[:2] != (v2.get(k) or [None])[:2]]
-calibrated = sum(1 for k in v1 if k in v2 and v1[k][0] == v2[k][0] and v1[k][2] != v2[k][2])
+none = (None, None, None)  # a task without a verdict on one side: (verdict, reason, code)
+a, b = {k: v1.get(k, none) for k in set(v1) | set(v2)}, {k: v2.get(k, none) for k in set(v1) | set(v2)}
+diff = [{"task": k, "one": a[k][:2], "shards": b[k][:2], "same_code": a[k][2] == b[k][2]}
+        for k in sorted(a) if a[k][:2] != b[k][:2]]
+calibrated = sum(1 for k in a if a[k][:2] == b[k][:2] and a[k][2] != b[k][2])
 merge = json.load(open(f"{w}/merge.json"))
 res = {"tasks_one": len(t1), "tasks_merged": len(t2), "same_task_ids": set(t1) == set(t2),
        "same_task_code": all(t1[k] == t2.get(k) for k in t1), "verdicts_one": len(v1), "verdicts_merged": len(v2),
