@@ -18,6 +18,7 @@
 #include "evaluator.h"
 #include "internal.h"
 #include "export.h"
+#include "opforge/core/gpus.h"
 #include "opforge/core/hash.h"
 #include "test_support.h"
 
@@ -349,6 +350,11 @@ TEST(Eval, AdaptiveHacksAreStoppedOrFlaggedAndHonestSolutionsPassUnflagged) {
   // The adaptive solutions (each a real attempt on the judge, its sandbox or its clock) and at
   // least ten varied honest ones, in one run: the honest ones must not pay for the judge's caution.
   test::TempDir dir;
+  // The host's GPU lock folder and a lock in it, as any GPU run on this host leaves them: what
+  // escape_timing_lock looks for must exist for its failure to mean the sandbox hid it.
+  gpu_slot_env({"0"}, 1, dir.path() / "cpu-locks");
+  std::ofstream(gpu_lock_dir() / "gpu0.lock", std::ios::app).close();
+  ASSERT_TRUE(fs::exists(gpu_lock_dir() / "gpu0.lock"));
   // A short per-call limit for the fixture that hangs, and a memory limit the hog must exceed.
   auto fr = run_fixtures({"adaptive", "honest"}, dir,
                          {"--timeout-s", "15", "--child-memory-mb", "2048", "--correct-trials", "3"});

@@ -7,6 +7,9 @@
 #include <optional>
 #include <string>
 
+#include <unistd.h>
+
+#include "opforge/core/error.h"
 #include "opforge/core/gpus.h"
 
 namespace opforge {
@@ -87,6 +90,42 @@ TEST(Gpus, SlotsGoRoundRobinWithTheirGpusLockAndSharing) {
     ScopedEnv unset("OPFORGE_LOCK_DIR", nullptr);
     EXPECT_EQ(gpu_lock_dir().parent_path(), std::filesystem::temp_directory_path());
   }
+}
+
+// The host's lock folder sits in the shared /tmp by default: a folder someone else made there
+// first (a symlink, another user's, one anyone can write) is refused, naming the way out.
+TEST(Gpus, TheHostLockFolderIsPrivateAndAForeignOneIsRefused) {
+  namespace fs = std::filesystem;
+  auto base = fs::temp_directory_path() / ("opforge-test-lockdir-" + std::to_string(::getpid()));
+  fs::remove_all(base);
+  fs::create_directories(base);
+  auto dir = base / "locks";
+  auto refused = [&](const fs::path& d, const std::string& why) {
+    ScopedEnv e("OPFORGE_LOCK_DIR", d.c_str());
+    try {
+      gpu_slot_env({"0"}, 1, base / "cpu");
+      ADD_FAILURE() << d << " was taken as the lock folder; expected: " << why;
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find(why), std::string::npos) << err.what();
+      EXPECT_NE(std::string(err.what()).find("OPFORGE_LOCK_DIR"), std::string::npos) << err.what();
+    }
+  };
+  {
+    ScopedEnv e("OPFORGE_LOCK_DIR", dir.c_str());
+    gpu_slot_env({"0"}, 1, base / "cpu");
+    EXPECT_EQ(fs::status(dir).permissions() & fs::perms::all, fs::perms::owner_all) << "made 0700";
+    gpu_slot_env({"0"}, 1, base / "cpu");  // found again, ours: taken
+  }
+  fs::permissions(dir, fs::perms::all);
+  refused(dir, "writable by others");
+  fs::permissions(dir, fs::perms::owner_all);
+  fs::create_directory_symlink(dir, base / "link");
+  refused(base / "link", "not a folder");
+  if (::getuid() == 0) {  // as root, a folder of another user can be made here
+    ASSERT_EQ(::chown(dir.c_str(), 65534, 65534), 0);
+    refused(dir, "belongs to uid 65534");
+  }
+  fs::remove_all(base);
 }
 
 }  // namespace

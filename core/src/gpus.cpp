@@ -2,11 +2,16 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include "opforge/core/error.h"
 
 namespace opforge {
 
@@ -32,6 +37,29 @@ std::vector<std::string> visible_gpus() {
   return ids;
 }
 
+namespace {
+
+// The lock folder is made ours alone (0700) and, found already there, must be a real folder of
+// ours that nobody else can write: the default lives in the shared /tmp, where another user could
+// have made it first (to hold every lock, or to plant symlinks the judge would open).
+void make_private_dir(const std::filesystem::path& d) {
+  const std::string fix = "remove it, or set OPFORGE_LOCK_DIR to a folder of your own";
+  if (::mkdir(d.c_str(), 0700) != 0 && errno != EEXIST) {
+    std::filesystem::create_directories(d.parent_path());
+    OPFORGE_CHECK(::mkdir(d.c_str(), 0700) == 0 || errno == EEXIST, "cannot make the GPU lock folder {}: {}",
+                  d.string(), std::strerror(errno));
+  }
+  struct stat st {};
+  OPFORGE_CHECK(::lstat(d.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "the GPU lock folder {} is not a folder (a "
+                "symlink?): {}", d.string(), fix);
+  OPFORGE_CHECK(st.st_uid == ::getuid(), "the GPU lock folder {} belongs to uid {}, not to you ({}): {}", d.string(),
+                st.st_uid, ::getuid(), fix);
+  OPFORGE_CHECK((st.st_mode & (S_IWGRP | S_IWOTH)) == 0, "the GPU lock folder {} is writable by others (mode {:o}): {}",
+                d.string(), st.st_mode & 0777, fix);
+}
+
+}  // namespace
+
 std::filesystem::path gpu_lock_dir() {
   if (const char* d = std::getenv("OPFORGE_LOCK_DIR"); d && *d) return d;
   return std::filesystem::temp_directory_path() / ("opforge-gpu-locks-" + std::to_string(::getuid()));
@@ -40,7 +68,10 @@ std::filesystem::path gpu_lock_dir() {
 std::vector<std::map<std::string, std::string>> gpu_slot_env(const std::vector<std::string>& gpus, int workers,
                                                              const std::filesystem::path& cpu_lock_dir) {
   const auto lock_dir = gpus.empty() ? cpu_lock_dir : gpu_lock_dir();
-  std::filesystem::create_directories(lock_dir);
+  if (gpus.empty())
+    std::filesystem::create_directories(lock_dir);
+  else
+    make_private_dir(lock_dir);
   const int n = static_cast<int>(gpus.size());
   std::vector<std::map<std::string, std::string>> slots;
   for (int i = 0; i < workers; ++i) {

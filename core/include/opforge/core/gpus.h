@@ -17,7 +17,8 @@ std::vector<std::string> visible_gpus();
 // Where the GPUs' timing locks live: one folder for the whole host, so that every opforge
 // process on it (two shards of an array job on one GPU, a filter beside an eval) times a GPU in
 // turn. OPFORGE_LOCK_DIR when set (e.g. one per Slurm job when cgroups give each job its own GPU
-// under the same index), else <tmp>/opforge-gpu-locks-<uid>.
+// under the same index), else <tmp>/opforge-gpu-locks-<uid>. gpu_slot_env makes it mode 0700 and
+// refuses one that is a symlink, another user's, or writable by others (an Error saying what to do).
 std::filesystem::path gpu_lock_dir();
 
 // The environment of each of `workers` worker slots spread round-robin over `gpus` (ids from
