@@ -75,17 +75,39 @@ std::map<std::string, BucketYield> bucket_yields(Db& db, const std::string& back
   return out;
 }
 
+namespace {
+
+// Per-bucket quotas of this run (largest remainder), so the mix holds over the tasks actually
+// added even where one bucket loses more candidates to duplicates than another.
+std::map<std::string, long> bucket_quotas(const std::vector<std::pair<std::string, double>>& mix, long count) {
+  std::map<std::string, long> quota;
+  long given = 0;
+  std::vector<std::pair<double, std::string>> rem;
+  for (auto& [b, p] : mix) {
+    double exact = p * static_cast<double>(count);
+    quota[b] = static_cast<long>(exact);
+    given += quota[b];
+    rem.emplace_back(exact - static_cast<double>(quota[b]), b);
+  }
+  std::sort(rem.begin(), rem.end(), [](auto& a, auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+  for (std::size_t i = 0; given < count; ++i, ++given) quota[rem[i % rem.size()].second]++;
+  return quota;
+}
+
+}  // namespace
+
 std::string deficit_mix(const std::vector<std::pair<std::string, double>>& mix,
                         const std::map<std::string, BucketYield>& yields, long want, long& count) {
   constexpr double kFloor = 0.02;  // a bucket that kept nothing yet is drawn as if 1 in 50 survived
-  double total = 0;
-  for (auto& [b, p] : mix) total += p;
+  // Whole tasks per bucket, as the first round's quotas: a bucket whose share of `want` rounds to
+  // none (transformers:1.2 of 8) is not asked for one, so a run that never crawled it can go on.
+  auto target = bucket_quotas(mix, want);
   std::vector<std::string> parts;
   count = 0;
   for (auto& [b, p] : mix) {
     auto it = yields.find(b);
     BucketYield y = it == yields.end() ? BucketYield{} : it->second;
-    double missing = static_cast<double>(want) * p / total - static_cast<double>(y.kept);
+    double missing = static_cast<double>(target[b] - y.kept);
     if (missing <= 0) continue;
     double yield = y.drawn > 0 ? std::max(kFloor, static_cast<double>(y.kept) / static_cast<double>(y.drawn)) : 1.0;
     long n = static_cast<long>(std::ceil(missing / yield * 1.1 - 1e-9));  // 1.1 is not exact in binary
@@ -164,23 +186,6 @@ json torch_sizes() {
   std::ifstream f(data_dir() / "crawl" / "torch.json");
   OPFORGE_CHECK(f.good(), "cannot read {}", (data_dir() / "crawl" / "torch.json").string());
   return json::parse(f)["sizes"];
-}
-
-// Per-bucket quotas of this run (largest remainder), so the mix holds over the tasks actually
-// added even where one bucket loses more candidates to duplicates than another.
-std::map<std::string, long> bucket_quotas(const std::vector<std::pair<std::string, double>>& mix, long count) {
-  std::map<std::string, long> quota;
-  long given = 0;
-  std::vector<std::pair<double, std::string>> rem;
-  for (auto& [b, p] : mix) {
-    double exact = p * static_cast<double>(count);
-    quota[b] = static_cast<long>(exact);
-    given += quota[b];
-    rem.emplace_back(exact - static_cast<double>(quota[b]), b);
-  }
-  std::sort(rem.begin(), rem.end(), [](auto& a, auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
-  for (std::size_t i = 0; given < count; ++i, ++given) quota[rem[i % rem.size()].second]++;
-  return quota;
 }
 
 // A bucket named after a source that this run is to fill needs runnable seeds of that source:

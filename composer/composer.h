@@ -73,8 +73,8 @@ struct BucketYield {
 // Per bucket of `backend`'s candidates in the workspace (tasks' provenance bucket, dedup's kept).
 std::map<std::string, BucketYield> bucket_yields(Db& db, const std::string& backend);
 
-// The mix of the next round of `run --kept want`: per bucket of `mix`, what is missing of
-// want x its share, divided by the bucket's own yield so far (a tenth more), as candidate counts
+// The mix of the next round of `run --kept want`: per bucket of `mix`, what is missing of its
+// quota of want (whole tasks, largest remainder, as a run's first round), divided by the bucket's own yield so far (a tenth more), as candidate counts
 // ("3:412,4:180"); `count` gets their sum. Buckets yield very differently (two-op chains of real
 // models repeat: a quarter of them survive dedup, against four in five of 3-5-op chains), so
 // topping up with the preset's mix would drift the kept mix away from it. Empty: nothing missing.
