@@ -983,6 +983,7 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
             ref_mod, ref, sets, expected0, draw = _reference_and_sets(task_code, device, seed,
                                                                       max(2, correct_trials))
             child, t1 = _start(launch, log, timeout_s, device, result)
+            timing.SUSPECTS[:] = [child.proc.pid]  # its tree holding a lock the timer waits for is a verdict
             floor = crossing_floor_ms(child, device, timing_lock)  # before the solution is in the child
             entries, refs = _artifact_entries(artifacts)
             _ship(child, "load", "importing the solution", _solution_files(solution_dir) + entries, entry=entry,
@@ -1005,6 +1006,10 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
             result["correct"] = True
         except Verdict as v:
             result["reason"], result["detail"] = v.reason, str(v)
+        except timing.LockHeld as e:
+            if not e.by_suspect:
+                raise  # a neighbour's: the environment's failure, judged again
+            result["reason"], result["detail"] = "timing_lock_held", str(e)
         except (torch.cuda.OutOfMemoryError, devshm.CudaDriverError) as e:
             # Once the solution's child is loaded it may hold the device's memory on purpose: the
             # judge's own allocation failing then (torch's, or the driver's for a shared arena) is
@@ -1017,6 +1022,7 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
             result["detail"] = ("the judge's own allocation failed while the solution's child held the device: "
                                 if loaded else "") + str(e)[:2000]
         finally:
+            timing.SUSPECTS.clear()
             if sess is not None:
                 sess.close()
             if child is not None:
