@@ -86,7 +86,7 @@ def _same(a, b, rtol, atol):
 def _guard(reason, fn):
     try:
         return fn()
-    except Reject:
+    except (Reject, timing.LockHeld):
         raise
     except torch.cuda.OutOfMemoryError as e:
         raise Reject("out_of_memory", f"CUDA out of memory: {str(e)[:300]}") from None
@@ -228,6 +228,9 @@ def judge(*args, **kwargs):
     """Every outcome is a verdict: an exception escaping the checks is the task's fault too."""
     try:
         return _judge(*args, **kwargs)
+    except timing.LockHeld as e:  # a neighbour held the device past the limit: the environment's
+        return {"verdict": "rejected", "reason": "lock_timeout", "detail": str(e), "metrics": {}, "ops": None,
+                "code": kwargs.get("code", args[0] if args else ""), "original_code": None, "calibration": []}
     except torch.cuda.OutOfMemoryError as e:
         return {"verdict": "rejected", "reason": "out_of_memory", "detail": str(e)[:2000], "metrics": {},
                 "ops": None, "code": kwargs.get("code", args[0] if args else ""), "original_code": None,
