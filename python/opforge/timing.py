@@ -77,24 +77,22 @@ def _in_tree(pid, roots):
     return False
 
 
+def _try(f, mode):
+    try:
+        fcntl.flock(f, mode | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
 def _acquire(f, mode, path):
     """flock with a bounded wait: polled (a blocked flock cannot be given up), so the holders can
     be checked while waiting."""
-    try:
-        fcntl.flock(f, mode | fcntl.LOCK_NB)
-        return
-    except BlockingIOError:
-        pass
     t0 = _perf()
     nap, check_at = 0.0002, t0 + 0.5
-    while True:
+    while not _try(f, mode):
         time.sleep(nap)
         nap = min(2 * nap, 0.002)
-        try:
-            fcntl.flock(f, mode | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            pass
         now = _perf()
         if now < check_at:
             continue
