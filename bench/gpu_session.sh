@@ -30,7 +30,9 @@
 #     learning    bench/learning_run.py (issue #14's learning run) on GPU 0 over the export of the committed
 #                 ops6k_h200.db.gz (191 train / 114 test); resumable: each call goes on in /tmp/lr and ends
 #                 after a finished unit before LEARN_TIMEOUT (default 540 s), so run it 3 times back to back
-#                 (LR_FRESH=1 starts over); results.json, summary.md, the png and learning_logs.tgz come back
+#                 (LR_FRESH=1 starts over); results.json, summary.md, the png, learning_logs.tgz and lr.tgz
+#                 come back: lr.tgz is /tmp/lr without checkpoints; put it in .lr/ and carry .lr, and a cold
+#                 machine resumes from it (a unit cut without its checkpoint starts again)
 #                 (with `build` in the same cold call: LEARN_TIMEOUT=420, the build takes ~120 s of the 600)
 # A machine kept warm between calls keeps build-gpu and /tmp, so a later call can skip `build`.
 # At most 8 files come back from $OUT: each step writes few (the logs of a step in one file).
@@ -196,20 +198,32 @@ case $step in
     # --stop-after-s ends a call after a finished unit 45 s before the timeout (a unit is not cut, the
     # judge stops and the results are written); the timeout is the fallback (SIGTERM: same, sooner).
     stamp "learning run on GPU 0 (resumes /tmp/lr)"
-    [ -n "${LR_FRESH:-}" ] && rm -rf /tmp/lr
+    [ -n "${LR_FRESH:-}" ] && rm -rf /tmp/lr .lr
+    # A cold machine resumes from the compact copy the last call sent back (carry .lr: copy its
+    # lr.tgz there); the driver starts again a unit whose checkpoint the copy leaves out.
+    [ -d /tmp/lr ] || [ ! -f .lr/lr.tgz ] || { tar xzf .lr/lr.tgz -C /tmp && echo "restored /tmp/lr from .lr/lr.tgz"; }
     restore_ws /tmp/lws bench/results/ops6k_h200.db.gz
     [ -f /tmp/lws/export/manifest.json ] || $B export --workspace /tmp/lws --out /tmp/lws/export \
       --test-fraction 0.35 --no-plots --no-realism > /tmp/lws_export.log 2>&1
     lt=${LEARN_TIMEOUT:-540}
+    # The judge gets 8 workers on the one GPU (LEARN_JUDGE): with serve's default of one per GPU, the
+    # SFT eval of 114 answers (each with its eager and compile baselines) outlasted a 420 s call.
     # LEARN_ARGS: more options (e.g. "--bf16 --ppo-steps 30"); options a finished unit depends on
     # must stay the same across the calls of one run (the driver refuses a mismatch).
     CUDA_VISIBLE_DEVICES=0 timeout "$lt" $P bench/learning_run.py --corpus /tmp/lws/export --device cuda --out /tmp/lr \
       --opforge "$B" --stop-after-s $((lt - 45)) --time-budget-s "${LEARN_BUDGET:-1080}" --verify "${LEARN_VERIFY:-8}" \
-      --judge-arg "--trials 10 --budget-s 1" ${LEARN_ARGS:-} > "$OUT/learning.txt" 2>&1
+      --judge-arg "${LEARN_JUDGE:--j 8 --trials 10 --budget-s 1}" ${LEARN_ARGS:-} > "$OUT/learning.txt" 2>&1
     echo "learning run rc $? (0: done, 3: partial, call again; 124: timeout)" >> "$OUT/learning.txt"
     cp /tmp/lr/results.json /tmp/lr/summary.md /tmp/lr/learning_run.png "$OUT"/ 2> /dev/null
     (cd /tmp/lr && tar czf "$OUT/learning_logs.tgz" $(ls -d *.log *.json sft/metrics.jsonl ppo_seed*/metrics.jsonl \
       eval_*.jsonl verify/report/report.json 2> /dev/null) /tmp/lws_export.log 2> /dev/null)
+    # The compact copy for a cold next call (~30 MB: no checkpoints, no PPO actors or critics, the
+    # initial weights only until SFT is done); it must fit the 64 MiB that a call can carry.
+    lr_skip=(--exclude=lr/.lock --exclude='lr/*/checkpoint' --exclude='lr/ppo_seed*/actor' --exclude='lr/ppo_seed*/critic'
+             --exclude=lr/verify --exclude=lr/workspace)
+    $P -c "import json,sys; sys.exit(0 if json.load(open('/tmp/lr/state.json')).get('sft',{}).get('done') else 1)" \
+      2> /dev/null && lr_skip+=(--exclude=lr/init_model)
+    tar czf "$OUT/lr.tgz" -C /tmp "${lr_skip[@]}" lr && ls -la "$OUT/lr.tgz"
     tail -30 "$OUT/learning.txt"
     ;;
   release)

@@ -27,6 +27,7 @@ import glob
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -471,6 +472,31 @@ def run_ppo_chunk(run, actor0, train_tasks, d, seed, ps, step):
     run.finished("ppo_chunk", time.time() - t)
 
 
+def drop_units_without_checkpoints(run):
+    """A call on a fresh machine may start from the compact copy of OUT that an earlier call sent
+    back (bench/gpu_session.sh: no trainer checkpoints, whose optimizer states are ~100 MB a PPO
+    seed). A unit cut half way whose checkpoint is not here starts again: SFT from step 0, a PPO
+    seed from the SFT model (its eval points dropped, its share given anew). Finished units need
+    no checkpoint."""
+    st, out = run.state, run.out
+    sft = st.get("sft")
+    if sft and not sft.get("done") and sft.get("chunks") and not os.path.isdir(os.path.join(out, "sft", "checkpoint")):
+        log(f"sft: no checkpoint of step {sft['chunks'][-1]['step']} here (a compact copy of OUT): SFT starts again")
+        shutil.rmtree(os.path.join(out, "sft"), ignore_errors=True)
+        del st["sft"]
+    for seed, ps in list(st.get("ppo", {}).items()):
+        d = os.path.join(out, f"ppo_seed{seed}")
+        if ps.get("done") or not ps.get("trained_to") or os.path.isdir(os.path.join(d, "checkpoint")):
+            continue
+        log(f"ppo seed {seed}: no checkpoint of step {ps['trained_to']} here (a compact copy of OUT): the seed "
+            "starts again from the SFT model")
+        shutil.rmtree(d, ignore_errors=True)
+        for f in glob.glob(os.path.join(out, f"eval_seed{seed}_step*.jsonl*")):
+            os.remove(f)
+        del st["ppo"][seed]
+    run.save()
+
+
 def run_stages(run, model_dir, sft_train, sft_val, train_tasks, test_tasks, seeds):
     sft_model = run_sft(run, model_dir, sft_train, sft_val)
     run.unit("sft_eval", lambda: run_eval(run, sft_model, test_tasks, os.path.join(run.out, "eval_sft.jsonl")),
@@ -716,6 +742,7 @@ def main():
     signal.signal(signal.SIGTERM, on_sigterm)
     log(f"call {run.clock.calls} on {args.out} ({run.clock.before:.0f}s of {args.time_budget_s:.0f}s spent before)")
     try:
+        drop_units_without_checkpoints(run)
         paths = prepare(run)
         run_stages(run, *paths, run.seeds)
     except Stop as e:
