@@ -98,7 +98,10 @@ std::map<std::string, long> bucket_quotas(const std::vector<std::pair<std::strin
 
 std::string deficit_mix(const std::vector<std::pair<std::string, double>>& mix,
                         const std::map<std::string, BucketYield>& yields, long want, long& count) {
-  constexpr double kFloor = 0.02;  // a bucket that kept nothing yet is drawn as if 1 in 50 survived
+  // A bucket's yield is (kept + 1) / (drawn + 2), the mean of its survival rate under a uniform
+  // prior, so a bucket that kept 0 of 1 is not taken for one that keeps none (asked 55 candidates
+  // for 1 task); at least 1 in 50, so one that kept 0 of 400 is still asked a bounded number.
+  constexpr double kFloor = 0.02;
   // Whole tasks per bucket, as the first round's quotas: a bucket whose share of `want` rounds to
   // none (transformers:1.2 of 8) is not asked for one, so a run that never crawled it can go on.
   auto target = bucket_quotas(mix, want);
@@ -109,7 +112,8 @@ std::string deficit_mix(const std::vector<std::pair<std::string, double>>& mix,
     BucketYield y = it == yields.end() ? BucketYield{} : it->second;
     double missing = static_cast<double>(target[b] - y.kept);
     if (missing <= 0) continue;
-    double yield = y.drawn > 0 ? std::max(kFloor, static_cast<double>(y.kept) / static_cast<double>(y.drawn)) : 1.0;
+    double yield = y.drawn > 0 ? std::max(kFloor, static_cast<double>(y.kept + 1) / static_cast<double>(y.drawn + 2))
+                               : 1.0;
     long n = static_cast<long>(std::ceil(missing / yield * 1.1 - 1e-9));  // 1.1 is not exact in binary
     parts.push_back(fmt::format("{}:{}", b, n));
     count += n;

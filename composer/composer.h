@@ -74,7 +74,8 @@ struct BucketYield {
 std::map<std::string, BucketYield> bucket_yields(Db& db, const std::string& backend);
 
 // The mix of the next round of `run --kept want`: per bucket of `mix`, what is missing of its
-// quota of want (whole tasks, largest remainder, as a run's first round), divided by the bucket's own yield so far (a tenth more), as candidate counts
+// quota of want (whole tasks, largest remainder, as a run's first round), divided by the bucket's
+// own yield so far ((kept + 1) / (drawn + 2), at least 1/50; a tenth more), as candidate counts
 // ("3:412,4:180"); `count` gets their sum. Buckets yield very differently (two-op chains of real
 // models repeat: a quarter of them survive dedup, against four in five of 3-5-op chains), so
 // topping up with the preset's mix would drift the kept mix away from it. Empty: nothing missing.

@@ -239,10 +239,11 @@ TEST(ComposeMix, TheNextRoundOfKeptAsksEachBucketForWhatItMissesAtItsYield) {
   std::map<std::string, BucketYield> y = {{"2", {400, 100}}, {"3", {500, 500}}, {"transformers", {100, 50}}};
   long count = 0;
   std::string next = opforge::composer::deficit_mix(mix, y, 1000, count);
-  // 2: (200 - 100) / 0.25 * 1.1 = 440; 3: full; 5: never drawn, 250 * 1.1 = 275; transformers: full.
-  EXPECT_EQ(next, "2:440,5:275");
-  EXPECT_EQ(count, 715);
-  y["2"] = {400, 0};  // kept none yet: drawn as if 1 in 50 survived
+  // 2: (200 - 100) / (101 / 402) * 1.1 = 437.8; 3: full; 5: never drawn, 250 * 1.1 = 275;
+  // transformers: full.
+  EXPECT_EQ(next, "2:438,5:275");
+  EXPECT_EQ(count, 713);
+  y["2"] = {400, 0};  // kept none of many: drawn as if 1 in 50 survived
   next = opforge::composer::deficit_mix(mix, y, 1000, count);
   EXPECT_EQ(next, "2:11000,5:275");
   y["2"] = {900, 300};
@@ -251,9 +252,12 @@ TEST(ComposeMix, TheNextRoundOfKeptAsksEachBucketForWhatItMissesAtItsYield) {
   EXPECT_EQ(count, 0);
   // A small want in Ops-6K's mix: transformers' share of 8 is 0.1 of a task, so the next round does
   // not ask for one (a workspace that crawled torch only would be refused such a mix). Of 8, the
-  // quotas are 2:7 and 3:1; bucket 2 kept 6 of 7, so it is asked (7 - 6) / (6/7) x 1.1 -> 2.
+  // quotas are 2:7 and 3:1; bucket 2 kept 6 of 7, so it is asked (7 - 6) / (7/9) x 1.1 -> 2.
   mix = opforge::composer::parse_mix("1:3.4,2:83.8,3:7.6,4:2.8,5:1.2,transformers:1.2", 5);
   y = {{"2", {7, 6}}, {"3", {1, 1}}};
   EXPECT_EQ(opforge::composer::deficit_mix(mix, y, 8, count), "2:2");
   EXPECT_EQ(count, 2);
+  // A bucket that kept 0 of 1 is asked 1 / (1/3) x 1.1 -> 4, not 55 as if 1 in 50 survived.
+  y = {{"2", {7, 7}}, {"3", {1, 0}}};
+  EXPECT_EQ(opforge::composer::deficit_mix(mix, y, 8, count), "3:4");
 }
