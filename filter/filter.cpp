@@ -383,7 +383,8 @@ Verdict verdict_of(WorkerResult& r, const Job& job) {
 }
 
 // Reasons that may be the environment's rather than the task's: the worker's memory share, a
-// worker another task broke, or a device lock held past timing's limit by a process that hung. Such a task is judged again alone before it is rejected.
+// worker another task broke, or a device lock held past timing's limit by a process that hung.
+// Such a task is judged again alone before it is rejected.
 // A library that fails to allocate says so in its own words (cuBLAS, cuDNN, Triton), under another reason.
 bool environment_reason(const Verdict& v) {
   if (v.reason == "out_of_memory" || v.reason == "worker_crash" || v.reason == "lock_timeout") return true;

@@ -226,19 +226,18 @@ def _scale_code(code, free_sizes, factor, input_numel=0):
 
 def judge(*args, **kwargs):
     """Every outcome is a verdict: an exception escaping the checks is the task's fault too."""
+    def rejected(reason, detail):
+        return {"verdict": "rejected", "reason": reason, "detail": detail, "metrics": {}, "ops": None,
+                "code": kwargs.get("code", args[0] if args else ""), "original_code": None, "calibration": []}
+
     try:
         return _judge(*args, **kwargs)
     except timing.LockHeld as e:  # a neighbour held the device past the limit: the environment's
-        return {"verdict": "rejected", "reason": "lock_timeout", "detail": str(e), "metrics": {}, "ops": None,
-                "code": kwargs.get("code", args[0] if args else ""), "original_code": None, "calibration": []}
+        return rejected("lock_timeout", str(e))
     except torch.cuda.OutOfMemoryError as e:
-        return {"verdict": "rejected", "reason": "out_of_memory", "detail": str(e)[:2000], "metrics": {},
-                "ops": None, "code": kwargs.get("code", args[0] if args else ""), "original_code": None,
-                "calibration": []}
+        return rejected("out_of_memory", str(e)[:2000])
     except Exception as e:  # noqa: BLE001
-        return {"verdict": "rejected", "reason": "eager_error", "detail": f"{type(e).__name__}: {str(e)[:2000]}",
-                "metrics": {}, "ops": None, "code": kwargs.get("code", args[0] if args else ""),
-                "original_code": None, "calibration": []}
+        return rejected("eager_error", f"{type(e).__name__}: {str(e)[:2000]}")
     finally:
         torch._dynamo.reset()
         if torch.cuda.is_available():
