@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "evaluator.h"
@@ -450,6 +451,29 @@ TEST(Eval, WithoutBubblewrapRowsAreFlaggedAndRequireSandboxRefuses) {
   EXPECT_EQ(r["reward"], 1) << "an unsandboxed row earns at most 1";
   EXPECT_EQ(r["sandbox"].get<std::string>().rfind("off: ", 0), 0u) << r["sandbox"];
   EXPECT_EQ(run.report["summary"]["unsandboxed"], 1);
+}
+
+// Without the sandbox a solution can open the run's own lock files: escape_timing_lock holds a
+// shared lock on <cache>/locks/cpu.lock from its child (found from its working folder, the run's),
+// which stalled the judge's timer until the worker's limit. A lock held from the solution's own
+// process tree now ends the wait with -1, in seconds.
+TEST(Eval, UnsandboxedASolutionHoldingTheTimingLockGetsMinusOne) {
+  test::TempDir dir;
+  fs::create_directories(dir / "sol");
+  fs::copy_file(eval_fixtures() / "adaptive" / "escape_timing_lock.py", dir / "sol" / "linear_relu.py");
+  // The lock as an earlier run on this cache leaves it (a timer makes it the first time it waits).
+  fs::create_directories(dir / "cache" / "locks");
+  test::write_file(dir / "cache" / "locks" / "cpu.lock", "");
+  auto [rc, out] = test::shell(fmt::format(
+      "cd '{}' && timeout 600 '{}' eval --tasks '{}' --solutions sol --out out --cache-dir cache --device cpu "
+      "--no-sandbox --no-plots --correct-trials 2 --trials 10 --budget-s 2 --seed 7 2>&1",
+      dir.path().string(), test::opforge_bin().string(), (eval_fixtures() / "tasks").string()));
+  ASSERT_EQ(rc, 0) << out;
+  json rows = json::parse(test::read_file(dir / "out" / "report.json"))["results"];
+  ASSERT_EQ(rows.size(), 1u) << rows.dump(2);
+  EXPECT_EQ(rows[0]["reason"], "timing_lock_held") << rows[0].dump(2);
+  EXPECT_EQ(rows[0]["reward"], -1);
+  EXPECT_NE(rows[0]["detail"].get<std::string>().find("cpu.lock"), std::string::npos) << rows[0]["detail"];
 }
 
 TEST(Eval, ShardRecordsAndWorkspaceTasksMatchSolutionsById) {
