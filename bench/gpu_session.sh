@@ -26,6 +26,8 @@
 #                 release_export.tgz come back
 #     shards      issue #16: SH_COUNT (96) candidates as one run and as 2 shards filtered together on GPU 0, merged and
 #                 compared (bench/shards_h200.sh; shards.json and shards.txt come back)
+#     resume      bench/trainer_resume_gpu.sh: opforge train sft on CUDA, 4 steps at once against 2 resumed to 4
+#                 (a crash is run again under cuda-gdb for its backtrace)
 #     audit       bench/retime_audit.py: AUDIT_N (200) records of AUDIT_DIR (corpus/ops6k-h200) timed again
 #     learning    bench/learning_run.py (issue #14's learning run) on GPU 0 over the export of the committed
 #                 ops6k_h200.db.gz (191 train / 114 test); resumable: each call goes on in /tmp/lr and ends
@@ -43,7 +45,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 P=/opt/torch/.venv/bin/python3
 B=$PWD/build-gpu/opforge
-[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|agent|serve|trainer|throughput|checks|kb|dedupscale|corpus|release|shards|audit|learning..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|agent|serve|trainer|throughput|checks|kb|dedupscale|corpus|release|shards|resume|audit|learning..." >&2; exit 2; }
 source .device/env.sh > /dev/null
 export PATH=/opt/torch/.venv/bin:$PATH
 # bubblewrap comes in .device (pack-debs.sh bubblewrap): the judge sandboxes every solution with it.
@@ -59,6 +61,11 @@ stamp() { echo "== $(date +%T) $*" | tee -a "$OUT/steps.txt"; }
 restore_ws() {  # WS DBGZ: a workspace from a carried database (none carried: the run crawls)
   mkdir -p "$1"
   [ -f "$1/opforge.db" ] || [ ! -f "$2" ] || gunzip -c "$2" > "$1/opforge.db"
+}
+# The frames of an opforge-trainer crash (its handler prints binary(+0xOFFSET)) resolved to functions.
+resolve_stacks() {
+  grep -ho 'opforge-trainer(+0x[0-9a-f]*)' "$@" 2> /dev/null | sed 's/.*(+\(0x[0-9a-f]*\))/\1/' | head -40 |
+    xargs -r addr2line -f -C -e build-gpu/opforge-trainer | paste - - | sed 's/^/  at /'
 }
 steps=()
 # A cold machine has no build-gpu: build first even when not asked.
@@ -211,18 +218,23 @@ case $step in
     # LEARN_ARGS: more options (e.g. "--bf16 --ppo-steps 30"); options a finished unit depends on
     # must stay the same across the calls of one run (the driver refuses a mismatch).
     CUDA_VISIBLE_DEVICES=0 timeout "$lt" $P bench/learning_run.py --corpus /tmp/lws/export --device cuda --out /tmp/lr \
-      --opforge "$B" --stop-after-s $((lt - 45)) --time-budget-s "${LEARN_BUDGET:-1080}" --verify "${LEARN_VERIFY:-8}" \
-      --judge-arg "${LEARN_JUDGE:--j 8 --trials 10 --budget-s 1}" ${LEARN_ARGS:-} > "$OUT/learning.txt" 2>&1
+      --opforge "$B" --stop-after-s $((lt - 45)) --time-budget-s "${LEARN_BUDGET:-1080}" --verify "${LEARN_VERIFY:-0}" \
+      --judge-arg "${LEARN_JUDGE:--j 8 --trials 10 --budget-s 1}" ${LEARN_ARGS:---test-tasks 100 --ppo-batch 8 --eval-every 2} > "$OUT/learning.txt" 2>&1
     echo "learning run rc $? (0: done, 3: partial, call again; 124: timeout)" >> "$OUT/learning.txt"
+    resolve_stacks /tmp/lr/*.log >> "$OUT/learning.txt"
     cp /tmp/lr/results.json /tmp/lr/summary.md /tmp/lr/learning_run.png "$OUT"/ 2> /dev/null
     (cd /tmp/lr && tar czf "$OUT/learning_logs.tgz" $(ls -d *.log *.json sft/metrics.jsonl ppo_seed*/metrics.jsonl \
       eval_*.jsonl verify/report/report.json 2> /dev/null) /tmp/lws_export.log 2> /dev/null)
-    # The compact copy for a cold next call (~30 MB: no checkpoints, no PPO actors or critics, the
-    # initial weights only until SFT is done); it must fit the 64 MiB that a call can carry.
-    lr_skip=(--exclude=lr/.lock --exclude='lr/*/checkpoint' --exclude='lr/ppo_seed*/actor' --exclude='lr/ppo_seed*/critic'
+    # The compact copy for a cold next call: one set of fp32 weights (~12 MB gzipped), since a file
+    # that comes back holds at most 16 MiB (the first try, with a cut save's checkpoint.tmp, was 61 MB
+    # and stayed behind). Until SFT is done, the initial weights (SFT starts again: its checkpoint is
+    # not in the copy); then SFT's best model, which every PPO seed starts from (a seed cut without
+    # its checkpoint starts again). checkpoint* also leaves out the .tmp and .old a cut save leaves.
+    lr_skip=(--exclude=lr/.lock --exclude='lr/*/checkpoint*' --exclude='lr/ppo_seed*/actor' --exclude='lr/ppo_seed*/critic'
              --exclude=lr/verify --exclude=lr/workspace)
-    $P -c "import json,sys; sys.exit(0 if json.load(open('/tmp/lr/state.json')).get('sft',{}).get('done') else 1)" \
-      2> /dev/null && lr_skip+=(--exclude=lr/init_model)
+    if $P -c "import json,sys; sys.exit(0 if json.load(open('/tmp/lr/state.json')).get('sft',{}).get('done') else 1)" 2> /dev/null
+    then lr_skip+=(--exclude=lr/init_model --exclude=lr/sft/model)
+    else lr_skip+=(--exclude=lr/sft/model --exclude=lr/sft/best_model); fi
     tar czf "$OUT/lr.tgz" -C /tmp "${lr_skip[@]}" lr && ls -la "$OUT/lr.tgz"
     tail -30 "$OUT/learning.txt"
     ;;
@@ -256,6 +268,11 @@ case $step in
     CUDA_VISIBLE_DEVICES=0 P=$P timeout "${SH_TIMEOUT:-420}" bash bench/shards_h200.sh "$B" "$CRAWL_DB" "$OUT" > "$OUT/shards.txt" 2>&1
     echo "shards rc $?" >> "$OUT/shards.txt"
     tail -40 "$OUT/shards.txt"
+    ;;
+  resume)
+    stamp "sft resumed on CUDA (bench/trainer_resume_gpu.sh)"
+    CUDA_VISIBLE_DEVICES=0 timeout "${RESUME_TIMEOUT:-240}" bash bench/trainer_resume_gpu.sh build-gpu "$P" 2>&1 | tee "$OUT/resume.txt"
+    resolve_stacks /tmp/resume-*/split4.log | tee -a "$OUT/resume.txt"
     ;;
   audit)
     # The release's re-timing audit (docs/release.md): AUDIT_N (200) random records of the export

@@ -27,14 +27,19 @@ import glob
 import json
 import math
 import os
+import random
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPFORGE = os.path.join(ROOT, "build", "opforge")  # --opforge replaces it (the GPU machine's build-gpu)
+# Committed H200 workspaces whose 7,000 candidate programs are SFT's copy data (copy_records).
+COPY_DBS = [os.path.join(ROOT, "bench", "results", "ops6k_h200.db.gz"),
+            os.path.join(ROOT, "corpus", "checkpoints", "ops6k-h200.db.gz")]
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 
@@ -285,8 +290,9 @@ def sft_records(recs):
             for r in recs]
 
 
-def write_sft_data(run, train, model_dir, sft_train, sft_val):
-    """The SFT files and max_new_tokens (answers' longest, in the model's tokens, plus a quarter)."""
+def write_sft_data(run, train, model_dir, sft_train, sft_val, extra=()):
+    """The SFT files and max_new_tokens (answers' longest, in the model's tokens, plus a quarter).
+    Validation is the train tasks' last tenth; `extra` (copy_records) only trains."""
     import transformers
 
     cfg = run.cfg
@@ -303,9 +309,66 @@ def write_sft_data(run, train, model_dir, sft_train, sft_val):
     nval = max(1, len(rows) // 10)
     # Validation: the train split's last tenth by cluster order would be cleaner; records are in id
     # order, so the last tenth is as good as random and never seen in training.
-    write_jsonl(sft_train, rows[:-nval] if len(rows) > nval else rows)
+    fit = [r for r in sft_records(extra)
+           if len(tok(tok.apply_chat_template(r["messages"], tokenize=False), add_special_tokens=False).input_ids)
+           <= cfg["max_pos"]]
+    train_rows = (rows[:-nval] if len(rows) > nval else rows) + fit
+    random.Random(0).shuffle(train_rows)
+    write_jsonl(sft_train, train_rows)
     write_jsonl(sft_val, rows[-nval:])
-    return {"records": len(rows), "max_new": max_new, "tokens_max": max(ntok), "answer_tokens_max": max(ans)}
+    return {"records": len(rows), "copy_records": len(fit), "max_new": max_new, "tokens_max": max(ntok),
+            "answer_tokens_max": max(ans)}
+
+
+def op_signature(ops, table):
+    """export's op signature (dedup's op_tokens joined): prefixes cut, lower case, aliases merged,
+    layout-only ops (null in the table) left out, unknown ops their own token."""
+    toks = []
+    for name in ops or []:
+        for prefix in table["op_prefixes"]:
+            if name.startswith(prefix):
+                name = name[len(prefix):]
+                break
+        name = name.lower()
+        tok = table["op_tokens"].get(name, name)
+        if tok is not None:
+            toks.append(tok)
+    return toks
+
+
+def copy_records(dbs, test, limit):
+    """More programs to copy for SFT: candidate tasks of other workspaces' databases (composed,
+    judged or not: SFT only needs code), without any whose op signature, or its sorted tokens, or
+    whose code, is a test task's, so no test task's near copy is trained on. 171 train tasks alone
+    were memorised, not copied (train loss 0.15, val loss rising from 0.72 after 200 steps on the
+    H200): copying from the prompt is what generalises, and it needs many programs."""
+    import sqlite3
+
+    table = json.load(open(os.path.join(ROOT, "data", "kernelbench_ops.json")))
+    sigs = {" ".join(op_signature(r.get("ops"), table)) for r in test}
+    bags = {" ".join(sorted(op_signature(r.get("ops"), table))) for r in test}
+    codes = {r["code"].strip() for r in test}
+    out, dropped, seen = [], 0, set()
+    for db in dbs:
+        path = db
+        if db.endswith(".gz"):
+            import gzip
+            import shutil
+            path = os.path.join(tempfile.mkdtemp(), "copy.db")
+            with gzip.open(db) as src, open(path, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        for code, ops in sqlite3.connect(path).execute("SELECT code, ops FROM tasks ORDER BY id"):
+            toks = op_signature(json.loads(ops), table)
+            if code.strip() in seen:
+                continue
+            seen.add(code.strip())
+            if " ".join(toks) in sigs or " ".join(sorted(toks)) in bags or code.strip() in codes:
+                dropped += 1
+                continue
+            out.append({"code": code})
+    log(f"copy data: {len(out)} programs from {len(dbs)} database(s), {dropped} left out for matching a test task; "
+        f"{min(len(out), limit)} used")
+    return out[:limit]
 
 
 def write_jsonl(path, rows):
@@ -358,21 +421,35 @@ def run_sft(run, model_dir, train, val):
         vals = [m["val_loss"] for m in metrics(os.path.join(d, "metrics.jsonl")) if "val_loss" in m]
         v = vals[-1] if vals else None
         log(f"sft: step {steps} val_loss {v} ({chunk_s:.0f}s a chunk)")
-        plateau_step(args, st, v)
+        if plateau_step(args, st, v):
+            keep_best(d)
         st["chunks"].append({"step": steps, "val_loss": v, "s": round(chunk_s, 1)})
         run.finished("sft_chunk", chunk_s)
-    return os.path.join(d, "model")
+    best = os.path.join(d, "best_model")
+    return best if os.path.isdir(best) else os.path.join(d, "model")
+
+
+def keep_best(d):
+    """The chunk's model as SFT's result: PPO starts from the lowest val loss, not the last chunk
+    (on 171 tasks val loss rose from 0.72 at step 200 to 0.88 at 400)."""
+    tmp = os.path.join(d, "best_model.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(os.path.join(d, "model"), tmp)
+    shutil.rmtree(os.path.join(d, "best_model"), ignore_errors=True)
+    os.replace(tmp, os.path.join(d, "best_model"))
 
 
 def plateau_step(args, st, v):
-    """A chunk's val loss against the best so far: `patience` chunks without a `rel` gain end SFT."""
+    """A chunk's val loss against the best so far: `patience` chunks without a `rel` gain end SFT.
+    True when this chunk is the new best."""
     if v is not None and (st["best"] is None or v < st["best"] * (1 - args.plateau_rel)):
         st["best"], st["stale"] = v, 0
-        return
+        return True
     st["stale"] += 1
     if st["stale"] >= args.plateau_patience:
         st["done"] = f"val_loss plateaued ({args.plateau_patience} chunks without a {args.plateau_rel:.0%} gain)"
         log(f"sft: {st['done']}")
+    return False
 
 
 def start_judge(run, tasks):
@@ -380,7 +457,7 @@ def start_judge(run, tasks):
     args, out = run.args, run.out
     extra = [x for a in args.judge_arg or [] for x in a.split()]
     cmd = [OPFORGE, "serve", "--tasks", tasks, "--port", "0", "--policy", "torch-allowed", "--device",
-           args.device] + extra
+           args.device, "--max-batch", str(max(16, args.judge_concurrency // 2))] + extra
     log("$ " + " ".join(cmd))
     stdout = open(os.path.join(out, "judge.out"), "w+")
     run.judge = subprocess.Popen(cmd, stdout=stdout, stderr=open(os.path.join(out, "judge.log"), "a"), cwd=ROOT,
@@ -407,7 +484,9 @@ def judge_args(run):
         return out + [f"--judge-arg={x}" for a in args.judge_arg or [] for x in a.split()]
     if not run.judge_url:
         start_judge(run, os.path.join(run.out, "tasks_all.jsonl"))
-    return ["--judge-url", run.judge_url]
+    # serve judges what is queued in batches: with 4 answers in flight (the trainer's old default)
+    # each batch held 1-3, and 100 answers took 350 s on the H200 (~5 s of sandboxed start a batch).
+    return ["--judge-url", run.judge_url, "--judge-concurrency", str(args.judge_concurrency)]
 
 
 def run_eval(run, model, tasks, out_file):
@@ -617,8 +696,9 @@ def plot(res, out, steps):
 # ---------------------------------------------------------------- main
 
 CONFIGS = {
-    # ~4.3M parameters with a 4096 vocabulary (tied embeddings).
-    "full": dict(vocab=4096, hidden=256, ffn=704, layers=4, heads=4, kv_heads=2, max_pos=4096, sft_chunk=100,
+    # ~4.3M parameters with a 4096 vocabulary (tied embeddings). SFT chunks of 250 steps: each `train
+    # sft` call starts by tokenising its ~6,000 records (one 100-step chunk on 171 records: 13 s of 17).
+    "full": dict(vocab=4096, hidden=256, ffn=704, layers=4, heads=4, kv_heads=2, max_pos=4096, sft_chunk=250,
                  sft_max_steps=3000, sft_batch=16, ppo_steps=40, eval_every=5, ppo_batch=16, rollouts=4,
                  eval_batch=32),
     "small": dict(vocab=600, hidden=64, ffn=128, layers=2, heads=4, kv_heads=2, max_pos=4096, sft_chunk=2,
@@ -656,6 +736,12 @@ def parse_args():
     ap.add_argument("--judge-per-command", action="store_true",
                     help="let every train eval/ppo start its own judge (default: one opforge serve a call)")
     ap.add_argument("--bf16", action="store_true", help="pass --bf16 to sft and ppo (CUDA)")
+    ap.add_argument("--copy-db", nargs="*", default=COPY_DBS,
+                    help="workspace databases (.db or .db.gz) whose candidate tasks add SFT records (copy_records)")
+    ap.add_argument("--copy-records", type=int, default=None,
+                    help="how many of them at most (0: none; default 6000, 0 with --small)")
+    ap.add_argument("--judge-concurrency", type=int, default=64,
+                    help="answers a train eval/ppo keeps in flight at the judge (fills serve's batches)")
     for k in ("hidden", "layers", "vocab", "ppo_steps", "eval_every", "ppo_batch", "rollouts", "sft_chunk",
               "sft_max_steps", "sft_batch"):
         ap.add_argument("--" + k.replace("_", "-"), type=int, help="override the config's " + k)
@@ -672,7 +758,7 @@ def check_fingerprint(run, train, test):
     fp = {"config": {k: v for k, v in run.cfg.items() if k != "max_new"}, "seeds": run.seeds, "device": a.device,
           "train_ids": ids(train), "test_ids": ids(test), "sft_lr": a.sft_lr, "ppo_lr": a.ppo_lr,
           "ppo_critic_lr": a.ppo_critic_lr, "kl_coef": a.kl_coef, "plateau": [a.plateau_rel, a.plateau_patience],
-          "bf16": a.bf16}
+          "bf16": a.bf16, "copy": [a.copy_db, a.copy_records]}
     old = run.state.setdefault("fingerprint", fp)
     diff = sorted(k for k in set(fp) | set(old) if fp.get(k) != old.get(k))
     if diff:
@@ -703,7 +789,8 @@ def prepare(run):
         run.unit("reference_check", lambda: verify_references(train, out, args.verify, args.device))
     model = run.unit("model", lambda: make_model(out, model_texts(train), run.cfg, seed=0))
     sft_train, sft_val = os.path.join(out, "sft_train.jsonl"), os.path.join(out, "sft_val.jsonl")
-    data = run.unit("sft_data", lambda: write_sft_data(run, train, model["dir"], sft_train, sft_val))
+    extra = copy_records(args.copy_db, test, args.copy_records) if args.copy_records else []
+    data = run.unit("sft_data", lambda: write_sft_data(run, train, model["dir"], sft_train, sft_val, extra))
     run.cfg["max_new"] = data["max_new"]
     return model["dir"], sft_train, sft_val, tasks["train"], tasks["test"]
 
@@ -731,6 +818,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     lock = lock_out(args.out)  # noqa: F841 (held until exit)
     LOGFILE = os.path.join(args.out, "learning_run.log")
+    if args.copy_records is None:
+        args.copy_records = 0 if args.small else 6000
     cfg = dict(CONFIGS["small" if args.small else "full"])
     cfg.update({k: getattr(args, k) for k in cfg if getattr(args, k, None) is not None})
     if args.small and not args.test_tasks:

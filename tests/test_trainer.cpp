@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "eval_stage.h"
+#include "files.h"
 #include "generate.h"
 #include "model.h"
 #include "ppo_stage.h"
@@ -273,6 +274,33 @@ TEST_F(Trainer, TheSftLossMaskCoversTheAssistantTurnsOnly) {
   EXPECT_EQ(tok.decode(trained, false), "def f(x): return x<|end|>\ndone<|call|>bash {\"cmd\": \"ls\"}<|end|>\n");
   EXPECT_EQ(tok.decode(rest, false), "<|user|>write relu<|end|>\n<|assistant|><|tool|>ok<|end|>\n<|assistant|>");
   EXPECT_NE(rows[1].error.find("no assistant token"), std::string::npos) << rows[1].error;
+}
+
+// The trainer's own folder removal, listing and copy (files.h; std::filesystem's crashed on the GPU
+// machine): nested folders go, a link inside is removed without touching what it points to, a
+// missing path is no error; list_dir names each entry once; copy_file_bytes replaces the target and
+// copies an empty file.
+TEST(TrainerFiles, RemoveTreeTakesNestedFoldersAndNeverFollowsALink) {
+  TempDir d;
+  write_file(d / "outside" / "precious.txt", "keep me");
+  write_file(d / "tree" / "a.txt", "a");
+  write_file(d / "tree" / "sub" / "deeper" / "b.txt", "b");
+  fs::create_directory_symlink(d / "outside", d / "tree" / "sub" / "link");
+  std::vector<std::string> names;
+  for (auto& p : list_dir(d / "tree")) names.push_back(p.filename().string());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, (std::vector<std::string>{"a.txt", "sub"}));
+  remove_tree(d / "tree");
+  EXPECT_FALSE(fs::exists(d / "tree"));
+  EXPECT_EQ(read_file(d / "outside" / "precious.txt"), "keep me");
+  EXPECT_NO_THROW(remove_tree(d / "tree"));
+  write_file(d / "empty", "");
+  write_file(d / "target", "old contents");
+  copy_file_bytes(d / "outside" / "precious.txt", d / "target");
+  EXPECT_EQ(read_file(d / "target"), "keep me");
+  copy_file_bytes(d / "empty", d / "target");
+  EXPECT_EQ(read_file(d / "target"), "");
+  EXPECT_THROW(list_dir(d / "missing"), opforge::Error);
 }
 
 // opforge train sft: the loss falls, the weights change, a malformed line is skipped and counted,

@@ -5,6 +5,7 @@
 
 #include <fstream>
 
+#include "files.h"
 #include "opforge/core/error.h"
 #include "python_bridge.h"
 
@@ -25,7 +26,7 @@ bool has_checkpoint(const fs::path& out) {
 
 void save_checkpoint(const fs::path& out, const std::vector<CheckpointPart>& parts, const TrainState& st) {
   fs::path tmp = out / "checkpoint.tmp", dir = checkpoint_dir(out);
-  fs::remove_all(tmp);
+  remove_tree(tmp);
   for (auto& p : parts) {
     fs::path d = p.name.empty() ? tmp : tmp / p.name;
     p.save_weights(d);
@@ -35,10 +36,10 @@ void save_checkpoint(const fs::path& out, const std::vector<CheckpointPart>& par
   }
   std::ofstream(tmp / "state.json") << json{{"step", st.step}, {"extra", st.extra}}.dump(2) << "\n";
   fs::path old = out / "checkpoint.old";
-  fs::remove_all(old);
+  remove_tree(old);
   if (fs::exists(dir)) fs::rename(dir, old);
   fs::rename(tmp, dir);
-  fs::remove_all(old);
+  remove_tree(old);
 }
 
 TrainState load_checkpoint(const fs::path& out, const std::vector<CheckpointPart>& parts, const char* stage) {

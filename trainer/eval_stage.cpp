@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <fstream>
 
+#include "files.h"
 #include "generate.h"
 #include "judge_reward.h"
 #include "opforge/core/error.h"
@@ -25,8 +26,8 @@ namespace {
 std::string source_kind(const fs::path& src) {
   if (fs::is_regular_file(src)) return src.extension() == ".py" ? "a .py task" : "a shard without split fields";
   if (fs::exists(src / "opforge.db")) return "a workspace";
-  for (auto& e : fs::directory_iterator(src))
-    if (e.path().filename().string().find(".jsonl") != std::string::npos) return "shards without split fields";
+  for (auto& e : list_dir(src))
+    if (e.filename().string().find(".jsonl") != std::string::npos) return "shards without split fields";
   return "a folder of .py tasks";
 }
 

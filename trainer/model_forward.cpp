@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 
+#include "files.h"
 #include "model.h"
 #include "opforge/core/error.h"
 #include "safetensors.h"
@@ -192,7 +193,7 @@ void CausalLM::save(const fs::path& dir) const {
   for (const auto& name : side) {
     fs::path from = src_ / name;
     if (fs::exists(from) && fs::absolute(src_) != fs::absolute(dir))
-      fs::copy_file(from, dir / name, fs::copy_options::overwrite_existing);
+      copy_file_bytes(from, dir / name);
   }
   std::ofstream(dir / "config.json") << cfg_.raw.dump(2) << "\n";
   write_safetensors(dir / "model.safetensors", w_);

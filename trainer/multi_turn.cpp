@@ -3,6 +3,7 @@
 #include <fstream>
 #include <thread>
 
+#include "files.h"
 #include "agent.h"
 #include "opforge/core/error.h"
 #include "opforge/core/files.h"
@@ -78,7 +79,7 @@ std::vector<Sample> turn_samples(const std::vector<json>& records) {
 EpisodeFn multi_turn_episodes(MultiTurnOptions o) {
   return [o](const CausalLM& actor, int64_t step, const std::vector<Prompt>& tasks, json& m) {
     const fs::path dir = o.out / fmt::format("step_{}", step);
-    fs::remove_all(dir);  // a resumed step runs its episodes again, from its checkpoint's actor
+    remove_tree(dir);  // a resumed step runs its episodes again, from its checkpoint's actor
     fs::create_directories(dir);
     write_tasks(o, tasks, dir / "tasks.jsonl");
     PolicyServerOptions po;

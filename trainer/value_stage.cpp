@@ -9,6 +9,7 @@
 #include <fstream>
 #include <optional>
 
+#include "files.h"
 #include "checkpoint.h"
 #include "device_memory.h"
 #include "opforge/core/error.h"
@@ -35,10 +36,9 @@ std::vector<fs::path> trajectory_files(const fs::path& src) {
                 "of JSONL files)", src.string());
   if (!fs::is_directory(src)) return {src};
   std::vector<fs::path> files;
-  for (auto& e : fs::directory_iterator(src))
+  for (auto& e : list_dir(src))
     // train ppo's OUT holds its metrics.jsonl beside trajectories.jsonl: a log, not trajectories.
-    if (e.is_regular_file() && e.path().extension() == ".jsonl" && e.path().filename() != "metrics.jsonl")
-      files.push_back(e.path());
+    if (fs::is_regular_file(e) && e.extension() == ".jsonl" && e.filename() != "metrics.jsonl") files.push_back(e);
   std::sort(files.begin(), files.end());
   OPFORGE_CHECK(!files.empty(), "--trajectories {} holds no .jsonl file", src.string());
   return files;
