@@ -789,8 +789,8 @@ def prepare(run):
         run.unit("reference_check", lambda: verify_references(train, out, args.verify, args.device))
     model = run.unit("model", lambda: make_model(out, model_texts(train), run.cfg, seed=0))
     sft_train, sft_val = os.path.join(out, "sft_train.jsonl"), os.path.join(out, "sft_val.jsonl")
-    extra = copy_records(args.copy_db, test, args.copy_records) if args.copy_records else []
-    data = run.unit("sft_data", lambda: write_sft_data(run, train, model["dir"], sft_train, sft_val, extra))
+    extra = lambda: copy_records(args.copy_db, test, args.copy_records) if args.copy_records else []  # noqa: E731
+    data = run.unit("sft_data", lambda: write_sft_data(run, train, model["dir"], sft_train, sft_val, extra()))
     run.cfg["max_new"] = data["max_new"]
     return model["dir"], sft_train, sft_val, tasks["train"], tasks["test"]
 
