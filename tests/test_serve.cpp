@@ -154,9 +154,9 @@ TEST(Serve, JudgesABatchOnceAndAnswersRepeatsFromTheCache) {
 
 // A bounded load (tests/python/serve_load.py): 200 requests from 16 clients, four distinct
 // evaluations (honest, hack, two hangs) into a queue of 3, then bad requests, unknown tasks,
-// repeats and health checks. No request is lost; each hang is `timeout` within its limit; the full
-// queue answers 429 with Retry-After; bad requests are 400 naming their field; an unknown task
-// is retryable with no reward.
+// repeats and health checks. No request is lost; each hang is `timeout`, answered within what the
+// batch ahead of it and its own limit take; the full queue answers 429 with Retry-After; bad
+// requests are 400 naming their field; an unknown task is retryable with no reward.
 TEST(Serve, UnderLoadNoRequestIsLostAndHangsTimeOut) {
   Server s({"--queue", "3", "--timeout-s", "6"});
   auto [rc, out] = test::shell(test::python_bin().string() + " " +
