@@ -304,7 +304,8 @@ TEST(TrainerFiles, RemoveTreeTakesNestedFoldersAndNeverFollowsALink) {
 }
 
 // opforge train sft: the loss falls, the weights change, a malformed line is skipped and counted,
-// and a run stopped after 2 steps and resumed to 4 ends with the very bytes of a run of 4.
+// and a run stopped after 2 steps and resumed to 4 (its rows from the tokenising cache) ends with
+// the very bytes of a run of 4.
 TEST_F(Trainer, SftLowersTheLossAndAResumedRunEndsBitwiseIdentical) {
   TempDir d;
   std::string data;
@@ -334,6 +335,7 @@ TEST_F(Trainer, SftLowersTheLossAndAResumedRunEndsBitwiseIdentical) {
   CmdResult resumed = sft("split", "4");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_NE(resumed.err.find("resuming"), std::string::npos);
+  EXPECT_NE(resumed.err.find("tokenised rows from"), std::string::npos) << "a resumed run reads its rows from the cache";
   EXPECT_TRUE(read_file(d / "whole" / "model" / "model.safetensors") ==
               read_file(d / "split" / "model" / "model.safetensors"))
       << "a resumed run must end with the weights of an uninterrupted one";

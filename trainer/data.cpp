@@ -1,11 +1,16 @@
 #include "data.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "opforge/core/error.h"
+#include "opforge/core/hash.h"
 
 namespace opforge::trainer {
 using json = nlohmann::json;
@@ -52,6 +57,83 @@ TokenRows read_chat_rows(const std::filesystem::path& file, const Tokenizer& tok
   }
   OPFORGE_CHECK(!rows.ids.empty(), "{} holds no usable chat record ({} skipped{}{})", file.string(), rows.skipped,
                 rows.skip_reasons.empty() ? "" : ": ", rows.skip_reasons.empty() ? "" : rows.skip_reasons.front());
+  return rows;
+}
+
+namespace {
+
+std::string file_bytes(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// What the rows depend on: the data, every file of the model folder that tokenising reads, max_len.
+std::string rows_key(const std::filesystem::path& file, const std::filesystem::path& model_dir, int64_t max_len) {
+  std::string all = file_bytes(file) + "\n" + std::to_string(max_len);
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "chat_template.json",
+                        "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt"})
+    all += std::string("\n") + f + "\n" + file_bytes(model_dir / f);
+  return xxh3_hex(all);
+}
+
+template <class T>
+void put(std::ostream& out, const std::vector<T>& v) {
+  uint64_t n = v.size();
+  out.write(reinterpret_cast<const char*>(&n), sizeof n);
+  out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(n * sizeof(T)));
+}
+
+template <class T>
+bool get(std::istream& in, std::vector<T>& v) {
+  uint64_t n = 0;
+  if (!in.read(reinterpret_cast<char*>(&n), sizeof n) || n > (uint64_t{1} << 32)) return false;
+  v.resize(n);
+  return static_cast<bool>(in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(T))));
+}
+
+// The cache file: the row count, the skipped count, then each row's ids and mask. The skip
+// reasons are not kept (the first run logged them).
+void write_rows(const std::filesystem::path& p, const TokenRows& rows) {
+  std::filesystem::path tmp = p;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    put(out, std::vector<int64_t>{static_cast<int64_t>(rows.ids.size()), rows.skipped});
+    for (std::size_t i = 0; i < rows.ids.size(); ++i) {
+      put(out, rows.ids[i]);
+      put(out, rows.loss_mask[i]);
+    }
+    if (!out) return;  // a cache that cannot be written is only a slower next run
+  }
+  std::filesystem::rename(tmp, p);
+}
+
+std::optional<TokenRows> load_rows(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::vector<int64_t> head;
+  if (!in || !get(in, head) || head.size() != 2) return std::nullopt;
+  TokenRows rows;
+  rows.skipped = head[1];
+  rows.ids.resize(static_cast<std::size_t>(head[0]));
+  rows.loss_mask.resize(rows.ids.size());
+  for (std::size_t i = 0; i < rows.ids.size(); ++i)
+    if (!get(in, rows.ids[i]) || !get(in, rows.loss_mask[i])) return std::nullopt;
+  return rows;
+}
+
+}  // namespace
+
+TokenRows cached_chat_rows(const std::filesystem::path& file, const Tokenizer& tok, int64_t max_len,
+                           const std::filesystem::path& model_dir, const std::filesystem::path& cache_dir) {
+  OPFORGE_CHECK(std::filesystem::exists(file), "cannot read {}: give a JSONL file of chat records", file.string());
+  std::filesystem::path p = cache_dir / ("rows-" + rows_key(file, model_dir, max_len) + ".bin");
+  if (auto rows = load_rows(p)) {
+    spdlog::info("{}: {} tokenised rows from {}", file.string(), rows->ids.size(), p.string());
+    return *rows;
+  }
+  TokenRows rows = read_chat_rows(file, tok, max_len);
+  std::filesystem::create_directories(cache_dir);
+  write_rows(p, rows);
   return rows;
 }
 

@@ -24,6 +24,12 @@ struct TokenRows {
 // user and an assistant message). Throws when the file is missing or yields no row.
 TokenRows read_chat_rows(const std::filesystem::path& file, const Tokenizer& tok, int64_t max_len);
 
+// read_chat_rows through a cache in `cache_dir`: a file keyed by the data's bytes, the tokenizer's
+// files in `model_dir` and max_len. A chunked or resumed `train sft` tokenises its data once: 6,171
+// records took 55 s on a 2-core machine, more than a 250-step chunk's training on the H200.
+TokenRows cached_chat_rows(const std::filesystem::path& file, const Tokenizer& tok, int64_t max_len,
+                           const std::filesystem::path& model_dir, const std::filesystem::path& cache_dir);
+
 struct Batch {
   at::Tensor ids, attention, loss_mask;  // [B, T] each; long, long, float
   int64_t tokens = 0;                    // loss tokens in the batch

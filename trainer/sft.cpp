@@ -100,8 +100,8 @@ struct SftRun {
 SftRun open_run(const SftOptions& o, bool resume) {
   SftRun r{CausalLM::load(resume ? checkpoint_dir(o.out) : o.model, device_named(o.device), at::kFloat), Tokenizer(o.model),
            {}, {}, 0, 0};
-  r.rows = read_chat_rows(o.data, r.tok, o.max_len);
-  if (!o.val.empty()) r.val = read_chat_rows(o.val, r.tok, o.max_len);
+  r.rows = cached_chat_rows(o.data, r.tok, o.max_len, o.model, o.out / "rows");
+  if (!o.val.empty()) r.val = cached_chat_rows(o.val, r.tok, o.max_len, o.model, o.out / "rows");
   r.pad = r.tok.pad_id().value_or(r.tok.eos_id().value_or(0));
   int64_t n = static_cast<int64_t>(r.rows.ids.size());
   r.total = o.steps > 0 ? o.steps : o.epochs * ((n + o.batch - 1) / o.batch);
