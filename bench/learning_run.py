@@ -298,8 +298,9 @@ def write_sft_data(run, train, model_dir, sft_train, sft_val, extra=()):
     cfg = run.cfg
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
     rows = sft_records(train)
-    ntok = [len(tok(tok.apply_chat_template(r["messages"], tokenize=False), add_special_tokens=False).input_ids)
-            for r in rows]
+    ntokens = lambda r: len(tok(tok.apply_chat_template(r["messages"], tokenize=False),  # noqa: E731
+                                add_special_tokens=False).input_ids)
+    ntok = [ntokens(r) for r in rows]
     ans = [len(tok(r["messages"][-1]["content"]).input_ids) for r in rows]
     max_new = int(max(ans) * 1.25) + 16
     log(f"sft records: {len(rows)}, tokens per record max {max(ntok)} mean {sum(ntok) / len(ntok):.0f}; "
@@ -309,9 +310,7 @@ def write_sft_data(run, train, model_dir, sft_train, sft_val, extra=()):
     nval = max(1, len(rows) // 10)
     # Validation: the train split's last tenth by cluster order would be cleaner; records are in id
     # order, so the last tenth is as good as random and never seen in training.
-    fit = [r for r in sft_records(extra)
-           if len(tok(tok.apply_chat_template(r["messages"], tokenize=False), add_special_tokens=False).input_ids)
-           <= cfg["max_pos"]]
+    fit = [r for r in sft_records(extra) if ntokens(r) <= cfg["max_pos"]]
     train_rows = (rows[:-nval] if len(rows) > nval else rows) + fit
     random.Random(0).shuffle(train_rows)
     write_jsonl(sft_train, train_rows)
@@ -336,33 +335,44 @@ def op_signature(ops, table):
     return toks
 
 
+def db_tasks(db):
+    """(code, ops) of every task of a workspace database, .db or .db.gz (sqlite opens no gzip: a
+    temporary copy, removed after the read)."""
+    import gzip
+    import sqlite3
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = db
+        if db.endswith(".gz"):
+            path = os.path.join(tmp, "copy.db")
+            with gzip.open(db) as src, open(path, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        con = sqlite3.connect(path)
+        try:
+            return con.execute("SELECT code, ops FROM tasks ORDER BY id").fetchall()
+        finally:
+            con.close()
+
+
 def copy_records(dbs, test, limit):
     """More programs to copy for SFT: candidate tasks of other workspaces' databases (composed,
     judged or not: SFT only needs code), without any whose op signature, or its sorted tokens, or
     whose code, is a test task's, so no test task's near copy is trained on. 171 train tasks alone
     were memorised, not copied (train loss 0.15, val loss rising from 0.72 after 200 steps on the
     H200): copying from the prompt is what generalises, and it needs many programs."""
-    import sqlite3
-
     table = json.load(open(os.path.join(ROOT, "data", "kernelbench_ops.json")))
-    sigs = {" ".join(op_signature(r.get("ops"), table)) for r in test}
-    bags = {" ".join(sorted(op_signature(r.get("ops"), table))) for r in test}
+    test_sigs = [op_signature(r.get("ops"), table) for r in test]
+    sigs, bags = {" ".join(t) for t in test_sigs}, {" ".join(sorted(t)) for t in test_sigs}
     codes = {r["code"].strip() for r in test}
     out, dropped, seen = [], 0, set()
     for db in dbs:
-        path = db
-        if db.endswith(".gz"):
-            import gzip
-            import shutil
-            path = os.path.join(tempfile.mkdtemp(), "copy.db")
-            with gzip.open(db) as src, open(path, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-        for code, ops in sqlite3.connect(path).execute("SELECT code, ops FROM tasks ORDER BY id"):
-            toks = op_signature(json.loads(ops), table)
-            if code.strip() in seen:
+        for code, ops in db_tasks(db):
+            key = code.strip()
+            if key in seen:
                 continue
-            seen.add(code.strip())
-            if " ".join(toks) in sigs or " ".join(sorted(toks)) in bags or code.strip() in codes:
+            seen.add(key)
+            toks = op_signature(json.loads(ops), table)
+            if " ".join(toks) in sigs or " ".join(sorted(toks)) in bags or key in codes:
                 dropped += 1
                 continue
             out.append({"code": code})

@@ -4,12 +4,13 @@
 
 #include <algorithm>
 #include <fstream>
-#include <iterator>
 #include <numeric>
 #include <optional>
 #include <random>
+#include <sstream>
 
 #include "opforge/core/error.h"
+#include "opforge/core/files.h"
 #include "opforge/core/hash.h"
 
 namespace opforge::trainer {
@@ -62,10 +63,8 @@ TokenRows read_chat_rows(const std::filesystem::path& file, const Tokenizer& tok
 
 namespace {
 
-std::string file_bytes(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
+// A tokenizer file the model folder may not have reads as empty.
+std::string file_bytes(const std::filesystem::path& p) { return std::filesystem::exists(p) ? read_text(p) : ""; }
 
 // What the rows depend on: the data, every file of the model folder that tokenising reads, max_len.
 std::string rows_key(const std::filesystem::path& file, const std::filesystem::path& model_dir, int64_t max_len) {
@@ -94,18 +93,17 @@ bool get(std::istream& in, std::vector<T>& v) {
 // The cache file: the row count, the skipped count, then each row's ids and mask. The skip
 // reasons are not kept (the first run logged them).
 void write_rows(const std::filesystem::path& p, const TokenRows& rows) {
-  std::filesystem::path tmp = p;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    put(out, std::vector<int64_t>{static_cast<int64_t>(rows.ids.size()), rows.skipped});
-    for (std::size_t i = 0; i < rows.ids.size(); ++i) {
-      put(out, rows.ids[i]);
-      put(out, rows.loss_mask[i]);
-    }
-    if (!out) return;  // a cache that cannot be written is only a slower next run
+  std::ostringstream out;
+  put(out, std::vector<int64_t>{static_cast<int64_t>(rows.ids.size()), rows.skipped});
+  for (std::size_t i = 0; i < rows.ids.size(); ++i) {
+    put(out, rows.ids[i]);
+    put(out, rows.loss_mask[i]);
   }
-  std::filesystem::rename(tmp, p);
+  try {
+    write_text_atomic(p, out.str());
+  } catch (const std::exception& e) {  // a cache that cannot be written is only a slower next run
+    spdlog::warn("tokenised rows not cached: {}", e.what());
+  }
 }
 
 std::optional<TokenRows> load_rows(const std::filesystem::path& p) {
@@ -132,7 +130,6 @@ TokenRows cached_chat_rows(const std::filesystem::path& file, const Tokenizer& t
     return *rows;
   }
   TokenRows rows = read_chat_rows(file, tok, max_len);
-  std::filesystem::create_directories(cache_dir);
   write_rows(p, rows);
   return rows;
 }

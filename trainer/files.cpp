@@ -6,11 +6,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 #include <memory>
 
 #include "opforge/core/error.h"
+#include "opforge/core/files.h"
 
 namespace opforge::trainer {
 namespace fs = std::filesystem;
@@ -43,13 +42,6 @@ std::vector<fs::path> list_dir(const fs::path& dir) {
   return out;
 }
 
-void copy_file_bytes(const fs::path& from, const fs::path& to) {
-  std::ifstream in(from, std::ios::binary);
-  OPFORGE_CHECK(in, "cannot read {}", from.string());
-  std::string bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  std::ofstream out(to, std::ios::binary | std::ios::trunc);
-  OPFORGE_CHECK(out.write(bytes.data(), static_cast<std::streamsize>(bytes.size())), "cannot write {} (from {})",
-                to.string(), from.string());
-}
+void copy_file_bytes(const fs::path& from, const fs::path& to) { write_text_atomic(to, read_text(from)); }
 
 }  // namespace opforge::trainer

@@ -15,7 +15,8 @@ namespace opforge::trainer {
 void remove_tree(const std::filesystem::path& path);
 // The entries of folder `dir` (not recursive), in no particular order.
 std::vector<std::filesystem::path> list_dir(const std::filesystem::path& dir);
-// `from`'s bytes into `to`, replacing it.
+// `from`'s bytes into `to`, replacing it (core's read_text and write_text_atomic: a rename, which
+// worked there).
 void copy_file_bytes(const std::filesystem::path& from, const std::filesystem::path& to);
 
 }  // namespace opforge::trainer
