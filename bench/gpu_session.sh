@@ -219,7 +219,7 @@ case $step in
     # must stay the same across the calls of one run (the driver refuses a mismatch).
     CUDA_VISIBLE_DEVICES=0 timeout "$lt" $P bench/learning_run.py --corpus /tmp/lws/export --device cuda --out /tmp/lr \
       --opforge "$B" --stop-after-s $((lt - 45)) --time-budget-s "${LEARN_BUDGET:-1300}" --verify "${LEARN_VERIFY:-0}" \
-      --judge-arg "${LEARN_JUDGE:--j 8 --trials 10 --budget-s 1}" ${LEARN_ARGS:---test-tasks 100 --ppo-batch 8 --eval-every 2 --sft-share 0.35 --ppo-lr 5e-5 --ppo-critic-lr 1e-4} > "$OUT/learning.txt" 2>&1
+      --judge-arg "${LEARN_JUDGE:--j 12}" ${LEARN_ARGS:---test-tasks 100 --ppo-batch 8 --eval-every 2 --sft-share 0.35 --ppo-lr 5e-5 --ppo-critic-lr 1e-4} > "$OUT/learning.txt" 2>&1
     echo "learning run rc $? (0: done, 3: partial, call again; 124: timeout)" >> "$OUT/learning.txt"
     resolve_stacks /tmp/lr/*.log >> "$OUT/learning.txt"
     cp /tmp/lr/results.json /tmp/lr/summary.md /tmp/lr/learning_run.png "$OUT"/ 2> /dev/null

@@ -466,7 +466,7 @@ def plateau_step(args, st, v):
 def start_judge(run, tasks):
     """One `opforge serve` for this call (warm workers, one baseline cache), its URL."""
     args, out = run.args, run.out
-    extra = [x for a in args.judge_arg or [] for x in a.split()]
+    extra = judge_options(args)
     cmd = [OPFORGE, "serve", "--tasks", tasks, "--port", "0", "--policy", "torch-allowed", "--device",
            args.device, "--max-batch", str(max(16, args.judge_concurrency // 2))] + extra
     log("$ " + " ".join(cmd))
@@ -486,13 +486,19 @@ def start_judge(run, tasks):
     raise RuntimeError("opforge serve did not start in 300 s")
 
 
+def judge_options(args):
+    """serve's options past tasks, port, policy and batch. Untimed unless --timed-judge: a correct
+    answer here is a copy of its task, so a 2 or 3 would be timing noise, and the baselines of the
+    first 29 test tasks took the H200's judge 268 s (evaluator/README.md, --untimed)."""
+    return ([] if args.timed_judge else ["--untimed"]) + [x for a in args.judge_arg or [] for x in a.split()]
+
+
 def judge_args(run):
     """--judge-url of this call's judge, started the first time a unit needs one (a call that only
     skips finished units starts none)."""
     args = run.args
     if args.judge_per_command:
-        out = ["--judge-arg=--policy", "--judge-arg=torch-allowed"]
-        return out + [f"--judge-arg={x}" for a in args.judge_arg or [] for x in a.split()]
+        return [f"--judge-arg={x}" for x in ["--policy", "torch-allowed"] + judge_options(args)]
     if not run.judge_url:
         start_judge(run, os.path.join(run.out, "tasks_all.jsonl"))
     # serve judges what is queued in batches: with 4 answers in flight (the trainer's old default)
@@ -745,6 +751,8 @@ def parse_args():
     ap.add_argument("--plateau-patience", type=int, default=3, help="chunks without a gain before SFT stops")
     ap.add_argument("--judge-arg", action="append",
                     help="extra `opforge serve` options for the judge, e.g. '--trials 10 --budget-s 1' (repeatable)")
+    ap.add_argument("--timed-judge", action="store_true",
+                    help="time answers and baselines (reward -1/1/2/3); default `--untimed`: correctness only, -1/1")
     ap.add_argument("--judge-per-command", action="store_true",
                     help="let every train eval/ppo start its own judge (default: one opforge serve a call)")
     ap.add_argument("--bf16", action="store_true", help="pass --bf16 to sft and ppo (CUDA)")

@@ -21,6 +21,9 @@ void add_judge_limits(CLI::App* cmd, evaluator::EvalOptions& e, int max_trials) 
                   "Limit of one request to a solution's child (checks, timing, baselines): past it the solution gets "
                   "-1 with reason timeout")
       ->capture_default_str();
+  cmd->add_flag("--untimed", e.untimed,
+                "Correctness only: no timing and no baselines, reward -1 or 1 (for runs that measure whether answers "
+                "are right, not how fast: a learning run under torch-allowed)");
 }
 
 void add_eval(CLI::App& app, Runner& run) {

@@ -241,12 +241,13 @@ void Run::evaluate(WorkerPool& pool) {
     todo.push_back(i);
     SolutionRequest s{tasks[jobs[i].task].code, jobs[i].work.string(), jobs[i].entry,
                       jobs[i].sol.folder ? "folder" : "file", o.policy, jobs[i].row["artifacts"], o.atol, o.rtol,
-                      measure()};
+                      !o.untimed, measure()};
     reqs.push_back(request("eval_solution", s, o.timeout_s));
   }
   if (reqs.empty()) return;
-  spdlog::info("evaluating {} solution(s) on {} ({}), policy {}, seed {}, sandbox: {}", reqs.size(), device,
-               worker_info.value("device_name", device), o.policy, seed, launch.profile);
+  spdlog::info("evaluating {} solution(s) on {} ({}), policy {}{}, seed {}, sandbox: {}", reqs.size(), device,
+               worker_info.value("device_name", device), o.policy, o.untimed ? ", untimed (checks only)" : "", seed,
+               launch.profile);
   mark("evaluate", reqs.size());
   Progress progress("eval", reqs.size());
   long correct = 0;
@@ -270,6 +271,7 @@ void Run::evaluate(WorkerPool& pool) {
 // its own after the solutions: no failing solution of the same code can take a correct one's
 // speed-up away.
 void Run::baselines(WorkerPool& pool) {
+  if (o.untimed) return;  // nothing to compare a speed with
   BaselineCache db(cache / "baselines.db");
   std::map<std::string, std::string> missing;  // code hash -> code
   for (auto& j : jobs) {
@@ -349,7 +351,7 @@ json Run::report(double secs) {
                   {"correct_trials", o.correct_trials}, {"atol", o.atol}, {"rtol", o.rtol},
                   {"speedup_margin", o.speedup_margin}, {"seed", seed}, {"sandbox", launch.sandboxed},
                   {"sandbox_profile", launch.profile}, {"judge", kJudgeVersion}, {"baseline_key", device_key},
-                  {"cache_dir", fs::absolute(cache).string()}};
+                  {"cache_dir", fs::absolute(cache).string()}, {"untimed", o.untimed}};
   return {{"summary", summary}, {"results", results}, {"options", options}, {"seconds", secs}, {"version", version()}};
 }
 
@@ -397,7 +399,8 @@ std::string fingerprint(const Run& r) {
             {"policy", o.policy}, {"correct_trials", o.correct_trials}, {"atol", o.atol}, {"rtol", o.rtol},
             {"timeout_s", o.timeout_s}, {"compile_timeout_s", o.compile_timeout_s},
             {"child_memory_mb", o.child_memory_mb}, {"memory_limit_mb", o.memory_limit_mb},
-            {"workers", o.workers}};  // workers: the children's thread count follows it (launch.cpp)
+            {"workers", o.workers},  // workers: the children's thread count follows it (launch.cpp)
+            {"untimed", o.untimed}};
   return xxh3_hex(f.dump());
 }
 

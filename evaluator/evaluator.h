@@ -69,6 +69,10 @@ struct EvalOptions {
   std::size_t child_memory_mb = 0;  // memory limit of one solution's sandbox (cgroup); 0: none
   bool plots = true;
   bool fresh = false;               // judge every solution, ignoring <out>/journal.jsonl
+  // Correctness only: no timing of the solution, no baselines, reward -1 or 1. For runs that
+  // measure whether answers are right, not how fast (a learning run under torch-allowed, where a
+  // copy's speed-up is timing noise and the baselines of 100 tasks took minutes on an H200).
+  bool untimed = false;
 };
 
 // CUDA Agent reward: -1 not correct; 1 correct; 2 more than `margin` faster than eager only;

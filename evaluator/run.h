@@ -47,11 +47,12 @@ struct SolutionRequest {
   std::string task_code, solution_dir, entry, layout, policy;
   json artifacts;
   double atol = 1e-2, rtol = 1e-2;
+  bool timed = true;  // false: checks only (EvalOptions::untimed)
   Measure m;
 };
 inline void to_json(json& j, const SolutionRequest& r) {
   j = {{"task_code", r.task_code}, {"solution_dir", r.solution_dir}, {"entry", r.entry}, {"layout", r.layout},
-       {"artifacts", r.artifacts}, {"policy", r.policy}, {"atol", r.atol}, {"rtol", r.rtol}};
+       {"artifacts", r.artifacts}, {"policy", r.policy}, {"atol", r.atol}, {"rtol", r.rtol}, {"timed", r.timed}};
   put_measure(j, r.m);
 }
 

@@ -160,7 +160,8 @@ Parsed parse_submission(const json& r, const TaskIndex& ti, const ServeOptions& 
   std::string all;
   for (auto& [p, t] : s.files) all += p + '\0' + t + '\0';
   s.hash = sha256_hex(all);
-  s.key = fmt::format("{}|{}|{}|{}|{}|{}", ti.tasks[s.task].id, s.hash, kJudgeVersion, o.eval.policy, s.trials, s.folder);
+  s.key = fmt::format("{}|{}|{}|{}|{}|{}|{}", ti.tasks[s.task].id, s.hash, kJudgeVersion, o.eval.policy, s.trials,
+                      s.folder, o.eval.untimed);
   Parsed p;
   p.sub = std::move(s);
   return p;
@@ -425,7 +426,7 @@ void Engine::finish(const std::shared_ptr<Pending>& p, json a) {
 
 json Engine::health() const {
   return {{"ok", true}, {"judge", kJudgeVersion}, {"tasks", ti_.tasks.size()}, {"device", base_.device},
-          {"policy", o_.eval.policy}, {"sandbox", base_.launch.profile}};
+          {"policy", o_.eval.policy}, {"untimed", o_.eval.untimed}, {"sandbox", base_.launch.profile}};
 }
 
 json Engine::metrics() {

@@ -164,6 +164,41 @@ TEST(Eval, CpuSolutionEarnsItsRewardAndBaselinesAreCachedPerTaskCode) {
   EXPECT_FALSE(fs::exists(dir / "out2" / "report.png"));
 }
 
+TEST(Eval, UntimedJudgesCorrectnessOnlyWithNoTimingAndNoBaselines) {
+  test::TempDir dir;
+  // Task code of this test's own (a fresh baseline key): a timed run would have to measure it.
+  std::string code = test::read_file(eval_fixtures() / "tasks" / "linear_relu.py") + "\n# untimed " +
+                     std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + "\n";
+  test::write_file(dir / "tasks" / "linear_relu.py", code);
+  fs::copy_file(eval_fixtures() / "tasks" / "softmax_sum.py", dir / "tasks" / "softmax_sum.py");
+  fs::create_directories(dir / "solutions");
+  fs::copy_file(eval_fixtures() / "solutions" / "linear_relu.py", dir / "solutions" / "linear_relu.py");
+  // linear_relu's solution answering softmax_sum: wrong, so -1 as in a timed run.
+  fs::copy_file(eval_fixtures() / "solutions" / "linear_relu.py", dir / "solutions" / "softmax_sum.py");
+  auto run = run_eval(dir / "tasks", dir / "solutions", dir / "out", {"--untimed", "--no-plots"});
+  ASSERT_EQ(run.cmd.exit_code, 0) << run.cmd.err;
+  json r = run.by_solution["linear_relu"];
+  EXPECT_TRUE(r["correct"].get<bool>()) << r.dump(2);
+  EXPECT_EQ(r["reward"], 1) << "no speed-up is measured, so none is rewarded";
+  EXPECT_LT(r["max_error"].get<double>(), 1e-3) << "the checks ran";
+  for (auto* k : {"candidate_ms", "eager_ms", "compile_ms", "speedup_eager", "speedup_compile"})
+    EXPECT_TRUE(r[k].is_null()) << k << " in " << r.dump(2);
+  EXPECT_TRUE(r["phase_s"].contains("checks") && !r["phase_s"].contains("timing")) << r.dump(2);
+  EXPECT_EQ(run.by_solution["softmax_sum"]["reward"], -1) << run.by_solution["softmax_sum"].dump(2);
+  EXPECT_EQ(run.report["options"]["untimed"], true);
+  EXPECT_EQ(run.report["summary"]["baselines_reused"], 0);
+  EXPECT_EQ(run.cmd.err.find("timing eager and torch.compile baselines"), std::string::npos) << run.cmd.err;
+  EXPECT_NE(run.cmd.err.find("untimed (checks only)"), std::string::npos) << run.cmd.err;
+
+  // The same --out timed: the journal's untimed verdicts are not reused for it (the wrong answer
+  // only, which needs no baselines: timing linear_relu's on the CPU takes a minute).
+  fs::remove(dir / "solutions" / "linear_relu.py");
+  auto timed = run_eval(dir / "tasks", dir / "solutions", dir / "out", {"--no-plots"});
+  ASSERT_EQ(timed.cmd.exit_code, 0) << timed.cmd.err;
+  EXPECT_EQ(timed.report["summary"]["resumed"], 0) << timed.report["summary"].dump(2);
+  EXPECT_EQ(timed.report["options"]["untimed"], false);
+}
+
 namespace {
 
 std::vector<std::string> lines_of(const fs::path& p) {

@@ -972,7 +972,7 @@ def _base_result(device, policy, launch):
 
 def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, device="cpu", policy="strict",
                   atol=1e-2, rtol=1e-2, correct_trials=5, trials=100, budget_s=10.0, seed=0, timing_lock=None,
-                  timeout_s=600, log_path=None):
+                  timeout_s=600, log_path=None, timed=True):
     device = T.resolve_device(device)
     tol.exact_fp32()  # the reference's outputs in float32 proper, as the filter kept the task
     timing_lock = timing_lock or os.environ.get("OPFORGE_TIMING_LOCK")
@@ -984,7 +984,8 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
                                                                       max(2, correct_trials))
             child, t1 = _start(launch, log, timeout_s, device, result)
             timing.SUSPECTS[:] = [child.proc.pid]  # its tree holding a lock the timer waits for is a verdict
-            floor = crossing_floor_ms(child, device, timing_lock)  # before the solution is in the child
+            # Untimed (opforge eval --untimed): checks only, so no timing floor, no timing, no profile.
+            floor = crossing_floor_ms(child, device, timing_lock) if timed else None  # before the solution loads
             entries, refs = _artifact_entries(artifacts)
             _ship(child, "load", "importing the solution", _solution_files(solution_dir) + entries, entry=entry,
                   layout=layout, artifacts=refs, device=device, policy=policy)
@@ -996,6 +997,9 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
                 result["max_error"] = _check_all(sess, ref, sets[:correct_trials], policy == "strict", atol, rtol,
                                                  result["flags"])
             phase = result["phase_s"] = {"checks": time.perf_counter() - t1 - result["dispatch_s"]}
+            if not timed:
+                result["correct"] = True
+                return result
             timer = _Timer(sess, ref, draw, atol, rtol, strict=policy == "strict", floor_ms=floor)
             t2 = time.perf_counter()
             result["candidate"] = timer.run(trials, budget_s, timing_lock)
