@@ -213,13 +213,13 @@ case $step in
     [ -f /tmp/lws/export/manifest.json ] || $B export --workspace /tmp/lws --out /tmp/lws/export \
       --test-fraction 0.35 --no-plots --no-realism > /tmp/lws_export.log 2>&1
     lt=${LEARN_TIMEOUT:-540}
-    # The judge gets 8 workers on the one GPU (LEARN_JUDGE): with serve's default of one per GPU, the
-    # SFT eval of 114 answers (each with its eager and compile baselines) outlasted a 420 s call.
+    # The judge gets 12 workers on the one GPU (LEARN_JUDGE; the driver makes it untimed): with
+    # serve's default of one per GPU the SFT eval of 114 answers outlasted a 420 s call.
     # LEARN_ARGS: more options (e.g. "--bf16 --ppo-steps 30"); options a finished unit depends on
     # must stay the same across the calls of one run (the driver refuses a mismatch).
     CUDA_VISIBLE_DEVICES=0 timeout "$lt" $P bench/learning_run.py --corpus /tmp/lws/export --device cuda --out /tmp/lr \
-      --opforge "$B" --stop-after-s $((lt - 45)) --time-budget-s "${LEARN_BUDGET:-1300}" --verify "${LEARN_VERIFY:-0}" \
-      --judge-arg "${LEARN_JUDGE:--j 12}" ${LEARN_ARGS:---test-tasks 100 --ppo-batch 8 --eval-every 2 --sft-share 0.35 --ppo-lr 5e-5 --ppo-critic-lr 1e-4} > "$OUT/learning.txt" 2>&1
+      --opforge "$B" --stop-after-s $((lt - 45)) --time-budget-s "${LEARN_BUDGET:-1200}" --verify "${LEARN_VERIFY:-0}" \
+      --judge-arg "${LEARN_JUDGE:--j 12}" ${LEARN_ARGS:---test-tasks 100 --ppo-batch 8 --eval-every 2 --sft-share 0.3 --ppo-lr 5e-5 --ppo-critic-lr 1e-4} > "$OUT/learning.txt" 2>&1
     echo "learning run rc $? (0: done, 3: partial, call again; 124: timeout)" >> "$OUT/learning.txt"
     resolve_stacks /tmp/lr/*.log >> "$OUT/learning.txt"
     cp /tmp/lr/results.json /tmp/lr/summary.md /tmp/lr/learning_run.png "$OUT"/ 2> /dev/null

@@ -468,7 +468,7 @@ def start_judge(run, tasks):
     args, out = run.args, run.out
     extra = judge_options(args)
     cmd = [OPFORGE, "serve", "--tasks", tasks, "--port", "0", "--policy", "torch-allowed", "--device",
-           args.device, "--max-batch", str(max(16, args.judge_concurrency // 2))] + extra
+           args.device, "--max-batch", str(max(16, args.judge_concurrency))] + extra
     log("$ " + " ".join(cmd))
     stdout = open(os.path.join(out, "judge.out"), "w+")
     run.judge = subprocess.Popen(cmd, stdout=stdout, stderr=open(os.path.join(out, "judge.log"), "a"), cwd=ROOT,
@@ -760,7 +760,9 @@ def parse_args():
                     help="workspace databases (.db or .db.gz) whose candidate tasks add SFT records (copy_records)")
     ap.add_argument("--copy-records", type=int, default=None,
                     help="how many of them at most (0: none; default 6000, 0 with --small)")
-    ap.add_argument("--judge-concurrency", type=int, default=64,
+    # An eval's 100 answers in one of serve's batches: in batches of 30 each batch waited for its
+    # slowest answer (untimed on the H200: 30-44 s a batch, most answers done in the first 10).
+    ap.add_argument("--judge-concurrency", type=int, default=128,
                     help="answers a train eval/ppo keeps in flight at the judge (fills serve's batches)")
     for k in ("hidden", "layers", "vocab", "ppo_steps", "eval_every", "ppo_batch", "rollouts", "sft_chunk",
               "sft_max_steps", "sft_batch"):
