@@ -626,7 +626,10 @@ int serve(const ServeOptions& opts) {
   StopOnSignals stop_signals;  // before the engine's and the HTTP pool's threads start
   Engine engine(o, index_tasks(o.eval.tasks));
   httplib::Server svr;
-  svr.new_task_queue = [n = o.http_threads] { return new httplib::ThreadPool(static_cast<std::size_t>(n)); };
+  // Each connection's thread waits for its verdict, so a batch only fills with the answers whose
+  // connections are being served: room for one batch judged and the next one gathering.
+  std::size_t threads = std::max<std::size_t>(static_cast<std::size_t>(o.http_threads), 2 * o.max_batch);
+  svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   svr.set_payload_max_length(o.max_files_bytes * 2 + (1 << 20) * std::min<std::size_t>(o.queue_max, 64));
   routes(svr, engine, o);
   int port = o.port == 0 ? svr.bind_to_any_port(o.host) : (svr.bind_to_port(o.host, o.port) ? o.port : -1);

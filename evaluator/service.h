@@ -27,7 +27,7 @@ struct ServeOptions {
   std::size_t max_files_bytes = 1 << 20;  // a submission's files, in all
   std::size_t result_cache = 20000;  // verdicts kept by (task, solution hash, judge, policy, trials)
   std::filesystem::path state_dir;   // submissions and logs; empty: <cache>/serve
-  int http_threads = 64;             // connections served at once (each waits for its verdict)
+  int http_threads = 64;             // connections served at once (each waits for its verdict); at least 2 x max_batch
 };
 
 // Serves until SIGINT or SIGTERM. Prints "listening on http://HOST:PORT" on stdout once the
