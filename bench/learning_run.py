@@ -562,7 +562,8 @@ def run_ppo_chunk(run, actor0, train_tasks, d, seed, ps, step):
     sh([OPFORGE, "train", "ppo", "--actor", actor0, "--tasks", train_tasks, "--out", d, "--steps", str(step),
         "--batch", str(cfg["ppo_batch"]), "--rollouts-per-task", str(cfg["rollouts"]), "--max-new-tokens",
         str(cfg["max_new"]), "--lr", str(args.ppo_lr), "--critic-lr", str(args.ppo_critic_lr), "--kl-coef",
-        str(args.kl_coef), "--seed", str(seed), "--device", args.device] + (["--bf16"] if args.bf16 else [])
+        str(args.kl_coef), "--seed", str(seed), "--device", args.device, "--ppo-epochs", str(cfg["ppo_epochs"]),
+        "--mini-batch", str(cfg["ppo_mini_batch"])] + (["--bf16"] if args.bf16 else [])
        + judge_args(run), logfile=d + ".log")
     ps["trained_to"], ps["train_s"] = step, round(time.time() - t, 1)
     run.finished("ppo_chunk", time.time() - t)
@@ -716,11 +717,15 @@ CONFIGS = {
     # ~3.5M parameters (the BPE stops near 2,300 tokens on the ~6,000 programs; tied embeddings).
     # SFT chunks of 500 steps of 32: a `train sft` call's start (CUDA, the model, the cached rows)
     # took 13 s of a 17 s chunk of 100 steps of 16 on the H200, and copying needs many epochs.
+    # PPO: 2 passes in mini-batches of 8 answers, 8 optimizer steps per iteration: a seed gets ~4
+    # iterations, and one update each (mini-batch = batch, the paper's) barely moves the SFT model;
+    # the rollouts and their judging are the cost, the updates are not.
     "full": dict(vocab=4096, hidden=256, ffn=704, layers=4, heads=4, kv_heads=2, max_pos=4096, sft_chunk=500,
                  sft_max_steps=6000, sft_batch=32, ppo_steps=40, eval_every=5, ppo_batch=16, rollouts=4,
-                 eval_batch=32),
+                 eval_batch=32, ppo_epochs=2, ppo_mini_batch=8),
     "small": dict(vocab=600, hidden=64, ffn=128, layers=2, heads=4, kv_heads=2, max_pos=4096, sft_chunk=2,
-                  sft_max_steps=4, sft_batch=4, ppo_steps=1, eval_every=1, ppo_batch=2, rollouts=2, eval_batch=8),
+                  sft_max_steps=4, sft_batch=4, ppo_steps=1, eval_every=1, ppo_batch=2, rollouts=2, eval_batch=8,
+                  ppo_epochs=1, ppo_mini_batch=0),
 }
 
 
@@ -765,7 +770,7 @@ def parse_args():
     ap.add_argument("--judge-concurrency", type=int, default=128,
                     help="answers a train eval/ppo keeps in flight at the judge (fills serve's batches)")
     for k in ("hidden", "layers", "vocab", "ppo_steps", "eval_every", "ppo_batch", "rollouts", "sft_chunk",
-              "sft_max_steps", "sft_batch"):
+              "sft_max_steps", "sft_batch", "ppo_epochs", "ppo_mini_batch"):
         ap.add_argument("--" + k.replace("_", "-"), type=int, help="override the config's " + k)
     return ap.parse_args()
 
