@@ -433,10 +433,14 @@ void draw_plot(WorkerPool& pool, const json& report, const fs::path& out) {
 
 }  // namespace
 
-json evaluate(const EvalOptions& o) {
-  auto t0 = std::chrono::steady_clock::now();
+void check_options(const EvalOptions& o) {
   OPFORGE_CHECK(o.policy == "strict" || o.policy == "torch-allowed", "--policy must be strict or torch-allowed, not {}",
                 o.policy);
+}
+
+json evaluate(const EvalOptions& o) {
+  auto t0 = std::chrono::steady_clock::now();
+  check_options(o);
   Run run(o);
   prepare(run);
   // The judge workers start first: the device they report is part of what a journal row is

@@ -80,6 +80,9 @@ struct EvalOptions {
 // faster.
 int reward(bool correct, std::optional<double> speedup_eager, std::optional<double> speedup_compile, double margin);
 
+// Throws, naming the option, on options no judge may run with (eval's and serve's one check).
+void check_options(const EvalOptions& opts);
+
 // Runs every phase and writes the report; returns report.json's content.
 nlohmann::json evaluate(const EvalOptions& opts);
 

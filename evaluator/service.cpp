@@ -621,7 +621,7 @@ TaskIndex index_tasks(const fs::path& src) {
 
 int serve(const ServeOptions& opts) {
   ServeOptions o = opts;
-  OPFORGE_CHECK(o.eval.policy == "strict" || o.eval.policy == "torch-allowed", "--policy must be strict or torch-allowed");
+  check_options(o.eval);
   if (o.state_dir.empty()) o.state_dir = (o.eval.cache_dir.empty() ? default_cache_dir() : o.eval.cache_dir) / "serve";
   StopOnSignals stop_signals;  // before the engine's and the HTTP pool's threads start
   Engine engine(o, index_tasks(o.eval.tasks));

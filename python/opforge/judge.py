@@ -996,17 +996,10 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
             with timing.shared(timing.check_lock(timing_lock, device)):
                 result["max_error"] = _check_all(sess, ref, sets[:correct_trials], policy == "strict", atol, rtol,
                                                  result["flags"])
-            phase = result["phase_s"] = {"checks": time.perf_counter() - t1 - result["dispatch_s"]}
-            if not timed:
-                result["correct"] = True
-                return result
-            timer = _Timer(sess, ref, draw, atol, rtol, strict=policy == "strict", floor_ms=floor)
-            t2 = time.perf_counter()
-            result["candidate"] = timer.run(trials, budget_s, timing_lock)
-            phase["timing"] = time.perf_counter() - t2
-            if device.startswith("cuda"):
-                _profile(sess, timer, result, policy == "strict", timing_lock)
-                phase["profile"] = time.perf_counter() - t2 - phase["timing"]
+            result["phase_s"] = {"checks": time.perf_counter() - t1 - result["dispatch_s"]}
+            if timed:
+                timer = _Timer(sess, ref, draw, atol, rtol, strict=policy == "strict", floor_ms=floor)
+                _time_and_profile(sess, timer, result, trials, budget_s, policy == "strict", timing_lock)
             result["correct"] = True
         except Verdict as v:
             result["reason"], result["detail"] = v.reason, str(v)
@@ -1036,6 +1029,17 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
                 top_up_spares(launch, log, timeout_s)
                 _warm_spare(launch)
     return result
+
+
+def _time_and_profile(sess, timer, result, trials, budget_s, strict, lock):
+    """The timed phase after the checks: the candidate's time (its read-backs checked as it goes)
+    and, on CUDA, the profile pass (under strict a torch compute kernel there is forbidden_op)."""
+    t2 = time.perf_counter()
+    result["candidate"] = timer.run(trials, budget_s, lock)
+    result["phase_s"]["timing"] = time.perf_counter() - t2
+    if sess.device.startswith("cuda"):
+        _profile(sess, timer, result, strict, lock)
+        result["phase_s"]["profile"] = time.perf_counter() - t2 - result["phase_s"]["timing"]
 
 
 def _start(launch, log, timeout_s, device, result):
