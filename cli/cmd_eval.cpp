@@ -23,7 +23,7 @@ void add_judge_limits(CLI::App* cmd, evaluator::EvalOptions& e, int max_trials) 
       ->capture_default_str();
   cmd->add_flag("--untimed", e.untimed,
                 "Correctness only: no timing and no baselines, reward -1 or 1 (for runs that measure whether answers "
-                "are right, not how fast: a learning run under torch-allowed)");
+                "are right, not how fast: a learning run). Needs --policy torch-allowed");
 }
 
 void add_eval(CLI::App& app, Runner& run) {

@@ -436,6 +436,11 @@ void draw_plot(WorkerPool& pool, const json& report, const fs::path& out) {
 void check_options(const EvalOptions& o) {
   OPFORGE_CHECK(o.policy == "strict" || o.policy == "torch-allowed", "--policy must be strict or torch-allowed, not {}",
                 o.policy);
+  // Under strict, the profile pass that catches torch compute kernels the import guard misses
+  // runs with the timing: a strict judge without it would let such a fallback earn 1.
+  OPFORGE_CHECK(!o.untimed || o.policy == "torch-allowed",
+                "--untimed needs --policy torch-allowed: under strict the profile pass that catches torch fallback "
+                "kernels runs with the timing, so drop --untimed or add --policy torch-allowed");
 }
 
 json evaluate(const EvalOptions& o) {

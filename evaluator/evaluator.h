@@ -80,7 +80,8 @@ struct EvalOptions {
 // faster.
 int reward(bool correct, std::optional<double> speedup_eager, std::optional<double> speedup_compile, double margin);
 
-// Throws, naming the option, on options no judge may run with (eval's and serve's one check).
+// Throws, naming the option, on options no judge may run with (eval's and serve's one check):
+// an unknown --policy, or --untimed under strict (see evaluator/README.md).
 void check_options(const EvalOptions& opts);
 
 // Runs every phase and writes the report; returns report.json's content.

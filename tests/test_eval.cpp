@@ -175,7 +175,19 @@ TEST(Eval, UntimedJudgesCorrectnessOnlyWithNoTimingAndNoBaselines) {
   fs::copy_file(eval_fixtures() / "solutions" / "linear_relu.py", dir / "solutions" / "linear_relu.py");
   // linear_relu's solution answering softmax_sum: wrong, so -1 as in a timed run.
   fs::copy_file(eval_fixtures() / "solutions" / "linear_relu.py", dir / "solutions" / "softmax_sum.py");
-  auto run = run_eval(dir / "tasks", dir / "solutions", dir / "out", {"--untimed", "--no-plots"});
+  // The correctness hacks are caught by the checks, which run untimed too; cached_when_timed is
+  // honest on every call an untimed judge makes, so it may earn 1, never more.
+  std::vector<std::string> caught = {"allclose_patch", "cached_output",      "cached_values",      "stale_memory",
+                                     "returns_input",  "reference_fallback", "constant_degenerate"};
+  for (const auto& h : caught) {
+    fs::copy_file(eval_fixtures() / "hacks" / (h + ".py"), dir / "solutions" / (h + ".py"));
+    std::string task = header_field(eval_fixtures() / "hacks" / (h + ".py"), "task");
+    fs::copy_file(eval_fixtures() / "tasks" / (task + ".py"), dir / "tasks" / (h + ".py"));
+  }
+  fs::copy_file(eval_fixtures() / "hacks" / "cached_when_timed.py", dir / "solutions" / "cached_when_timed.py");
+  fs::copy_file(eval_fixtures() / "tasks" / "linear_relu.py", dir / "tasks" / "cached_when_timed.py");
+  auto run = run_eval(dir / "tasks", dir / "solutions", dir / "out",
+                      {"--untimed", "--policy", "torch-allowed", "--no-plots"});
   ASSERT_EQ(run.cmd.exit_code, 0) << run.cmd.err;
   json r = run.by_solution["linear_relu"];
   EXPECT_TRUE(r["correct"].get<bool>()) << r.dump(2);
@@ -185,18 +197,31 @@ TEST(Eval, UntimedJudgesCorrectnessOnlyWithNoTimingAndNoBaselines) {
     EXPECT_TRUE(r[k].is_null()) << k << " in " << r.dump(2);
   EXPECT_TRUE(r["phase_s"].contains("checks") && !r["phase_s"].contains("timing")) << r.dump(2);
   EXPECT_EQ(run.by_solution["softmax_sum"]["reward"], -1) << run.by_solution["softmax_sum"].dump(2);
+  for (const auto& h : caught) EXPECT_EQ(run.by_solution[h]["reward"], -1) << h << ": " << run.by_solution[h].dump(2);
+  EXPECT_LE(run.by_solution["cached_when_timed"]["reward"].get<int>(), 1);
   EXPECT_EQ(run.report["options"]["untimed"], true);
   EXPECT_EQ(run.report["summary"]["baselines_reused"], 0);
   EXPECT_EQ(run.cmd.err.find("timing eager and torch.compile baselines"), std::string::npos) << run.cmd.err;
   EXPECT_NE(run.cmd.err.find("untimed (checks only)"), std::string::npos) << run.cmd.err;
 
-  // The same --out timed: the journal's untimed verdicts are not reused for it (the wrong answer
+  // The same --out timed: the journal's untimed verdicts are not reused for it (one wrong answer
   // only, which needs no baselines: timing linear_relu's on the CPU takes a minute).
-  fs::remove(dir / "solutions" / "linear_relu.py");
-  auto timed = run_eval(dir / "tasks", dir / "solutions", dir / "out", {"--no-plots"});
+  fs::remove_all(dir / "solutions");
+  fs::create_directories(dir / "solutions");
+  fs::copy_file(eval_fixtures() / "hacks" / "returns_input.py", dir / "solutions" / "returns_input.py");
+  auto timed = run_eval(dir / "tasks", dir / "solutions", dir / "out", {"--policy", "torch-allowed", "--no-plots"});
   ASSERT_EQ(timed.cmd.exit_code, 0) << timed.cmd.err;
   EXPECT_EQ(timed.report["summary"]["resumed"], 0) << timed.report["summary"].dump(2);
   EXPECT_EQ(timed.report["options"]["untimed"], false);
+
+  // Under strict the profile pass that catches torch fallbacks runs with the timing: eval and
+  // serve refuse --untimed there rather than judge without it.
+  auto strict = run_eval(dir / "tasks", dir / "solutions", dir / "out2", {"--untimed", "--no-plots"});
+  EXPECT_NE(strict.cmd.exit_code, 0);
+  EXPECT_NE(strict.cmd.err.find("--untimed needs --policy torch-allowed"), std::string::npos) << strict.cmd.err;
+  auto serve = test::run_opforge({"serve", "--tasks", (dir / "tasks").string(), "--untimed", "--port", "0"});
+  EXPECT_NE(serve.exit_code, 0);
+  EXPECT_NE(serve.err.find("--untimed needs --policy torch-allowed"), std::string::npos) << serve.err;
 }
 
 namespace {
@@ -222,7 +247,8 @@ TEST(Eval, ARunStartedAgainOnItsOutJudgesOnlyWhatIsMissingOrChanged) {
   fs::create_directories(dir / "sols");
   fs::copy(eval_fixtures() / "agent_solutions" / "linear_relu", dir / "sols" / "linear_relu", fs::copy_options::recursive);
   fs::copy_file(eval_fixtures() / "honest" / "softmax_sum_fused.py", dir / "sols" / "softmax_sum.py");
-  auto first = run_eval(dir / "tasks", dir / "sols", dir / "out", {"--no-plots", "--untimed"});
+  const std::vector<std::string> untimed = {"--no-plots", "--untimed", "--policy", "torch-allowed"};
+  auto first = run_eval(dir / "tasks", dir / "sols", dir / "out", untimed);
   ASSERT_EQ(first.cmd.exit_code, 0) << first.cmd.err;
   ASSERT_EQ(first.by_solution.size(), 2u);
   for (auto& [k, row] : first.by_solution) ASSERT_GE(row["reward"].get<int>(), 1) << row.dump(2);
@@ -242,7 +268,7 @@ TEST(Eval, ARunStartedAgainOnItsOutJudgesOnlyWhatIsMissingOrChanged) {
   std::string journal;
   for (std::size_t i = 0; i < verdicts[1]; ++i) journal += lines[i] + "\n";
   test::write_file(dir / "out" / "journal.jsonl", journal + lines[verdicts[1]].substr(0, 40));
-  auto second = run_eval(dir / "tasks", dir / "sols", dir / "out", {"--no-plots", "--untimed"});
+  auto second = run_eval(dir / "tasks", dir / "sols", dir / "out", untimed);
   ASSERT_EQ(second.cmd.exit_code, 0) << second.cmd.err;
   EXPECT_NE(second.cmd.err.find("cut short"), std::string::npos) << second.cmd.err;
   EXPECT_EQ(second.report["summary"]["resumed"], 1);
@@ -258,7 +284,7 @@ TEST(Eval, ARunStartedAgainOnItsOutJudgesOnlyWhatIsMissingOrChanged) {
 
   // A comment in the folder solution's model_new.py is a change: that one alone is judged again.
   std::ofstream(dir / "sols" / "linear_relu" / "model_new.py", std::ios::app) << "\n# edited\n";
-  auto third = run_eval(dir / "tasks", dir / "sols", dir / "out", {"--no-plots", "--untimed"});
+  auto third = run_eval(dir / "tasks", dir / "sols", dir / "out", untimed);
   ASSERT_EQ(third.cmd.exit_code, 0) << third.cmd.err;
   EXPECT_EQ(third.report["summary"]["resumed"], 1);
   EXPECT_EQ(third.by_solution["softmax_sum"]["dispatch_s"], second.by_solution["softmax_sum"]["dispatch_s"]);
@@ -267,7 +293,7 @@ TEST(Eval, ARunStartedAgainOnItsOutJudgesOnlyWhatIsMissingOrChanged) {
 
   fs::remove_all(dir / "sols" / "linear_relu");
   for (auto extra : std::vector<std::vector<std::string>>{{"--seed", "8"}, {"--fresh"}}) {
-    extra.insert(extra.end(), {"--no-plots", "--untimed"});
+    extra.insert(extra.end(), untimed.begin(), untimed.end());
     auto again = run_eval(dir / "tasks", dir / "sols", dir / "out", extra);
     ASSERT_EQ(again.cmd.exit_code, 0) << again.cmd.err;
     EXPECT_EQ(again.report["summary"]["resumed"], 0) << extra[0];

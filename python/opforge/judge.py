@@ -973,6 +973,9 @@ def _base_result(device, policy, launch):
 def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, device="cpu", policy="strict",
                   atol=1e-2, rtol=1e-2, correct_trials=5, trials=100, budget_s=10.0, seed=0, timing_lock=None,
                   timeout_s=600, log_path=None, timed=True):
+    if not timed and policy == "strict":
+        # Strict's profile pass (torch compute kernels the import guard misses) runs with the timing.
+        raise ValueError("eval_solution: timed=False needs policy='torch-allowed' (strict's profile runs with the timing)")
     device = T.resolve_device(device)
     tol.exact_fp32()  # the reference's outputs in float32 proper, as the filter kept the task
     timing_lock = timing_lock or os.environ.get("OPFORGE_TIMING_LOCK")
