@@ -192,6 +192,7 @@ TEST(Eval, UntimedJudgesCorrectnessOnlyWithNoTimingAndNoBaselines) {
   json r = run.by_solution["linear_relu"];
   EXPECT_TRUE(r["correct"].get<bool>()) << r.dump(2);
   EXPECT_EQ(r["reward"], 1) << "no speed-up is measured, so none is rewarded";
+  EXPECT_EQ(r["flags"], json::array()) << "no baseline is not a flag when none is taken: " << r.dump(2);
   EXPECT_LT(r["max_error"].get<double>(), 1e-3) << "the checks ran";
   for (auto* k : {"candidate_ms", "eager_ms", "compile_ms", "speedup_eager", "speedup_compile"})
     EXPECT_TRUE(r[k].is_null()) << k << " in " << r.dump(2);
