@@ -28,6 +28,8 @@
 #                 compared (bench/shards_h200.sh; shards.json and shards.txt come back)
 #     resume      bench/trainer_resume_gpu.sh: opforge train sft on CUDA, 4 steps at once against 2 resumed to 4
 #                 (a crash is run again under cuda-gdb for its backtrace)
+#     lreval      the learning run's SFT eval again from .lr/lr.tgz with this tree's judge (judge_j workers, untimed): why
+#                 answers get -1 or stay unjudged (lreval.jsonl, lreval.txt, lreval_judge.log come back)
 #     audit       bench/retime_audit.py: AUDIT_N (200) records of AUDIT_DIR (corpus/ops6k-h200) timed again
 #     learning    bench/learning_run.py (issue #14's learning run) on GPU 0 over the export of the committed
 #                 ops6k_h200.db.gz (191 train / 114 test); resumable: each call goes on in /tmp/lr and ends
@@ -45,7 +47,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 P=/opt/torch/.venv/bin/python3
 B=$PWD/build-gpu/opforge
-[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|agent|serve|trainer|throughput|checks|kb|dedupscale|corpus|release|shards|resume|audit|learning..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|agent|serve|trainer|throughput|checks|kb|dedupscale|corpus|release|shards|resume|audit|learning|lreval..." >&2; exit 2; }
 source .device/env.sh > /dev/null
 export PATH=/opt/torch/.venv/bin:$PATH
 # bubblewrap comes in .device (pack-debs.sh bubblewrap): the judge sandboxes every solution with it.
@@ -57,6 +59,11 @@ for d in /usr/lib/x86_64-linux-gnu/openblas-pthread /usr/lib/x86_64-linux-gnu/op
   [ -f "$d/libblas.so.3" ] && { export LD_LIBRARY_PATH=$d:$LD_LIBRARY_PATH; break; }
 done
 CRAWL_DB=${CRAWL_DB:-bench/results/crawl_h200.db.gz}
+# The learning run's judge workers on GPU 0: about one per 12 GB (11 on an H200, 6 on an 80 GB H100),
+# since a task of the corpus holds ~1 GB per input set in the worker and again in the solution's
+# child; 12 on an H100 ran 29 of 92 answers out of memory (judged again alone, ~5 s each).
+judge_j() { local mb; mb=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>/dev/null | head -1)
+            echo "-j $(( ${mb:-80000} / 12000 > 1 ? ${mb:-80000} / 12000 : 1 ))"; }
 stamp() { echo "== $(date +%T) $*" | tee -a "$OUT/steps.txt"; }
 restore_ws() {  # WS DBGZ: a workspace from a carried database (none carried: the run crawls)
   mkdir -p "$1"
@@ -85,7 +92,8 @@ case $step in
     # fails, everything else is built without it (TRAINER=OFF forces that).
     conf() { conf2 "$1" "${TRAINER:-ON}" || { echo "== trainer off: its configure failed"; rm -rf build-gpu; conf2 "$1" OFF; }; }
     { conf ON || { echo "== serve off: its configure failed"; rm -rf build-gpu; conf OFF; }; } > /tmp/build.log 2>&1
-    cmake --build build-gpu -j"$(nproc)" >> /tmp/build.log 2>&1 ||
+    # BUILD_TARGETS (e.g. "opforge opforge-trainer"): only those, when a short call needs no bench binary.
+    cmake --build build-gpu -j"$(nproc)" ${BUILD_TARGETS:+--target $BUILD_TARGETS} >> /tmp/build.log 2>&1 ||
       { echo "== serve and trainer off: the build failed"; rm -rf build-gpu; conf2 OFF OFF && cmake --build build-gpu -j"$(nproc)"; } >> /tmp/build.log 2>&1
     if ! [ -x "$B" ]; then
       tail -60 /tmp/build.log > "$OUT/build_failed.log"; tail -20 /tmp/build.log; exit 1
@@ -213,13 +221,13 @@ case $step in
     [ -f /tmp/lws/export/manifest.json ] || $B export --workspace /tmp/lws --out /tmp/lws/export \
       --test-fraction 0.35 --no-plots --no-realism > /tmp/lws_export.log 2>&1
     lt=${LEARN_TIMEOUT:-540}
-    # The judge gets 12 workers on the one GPU (LEARN_JUDGE; the driver makes it untimed): with
-    # serve's default of one per GPU the SFT eval of 114 answers outlasted a 420 s call.
+    # The judge gets judge_j's workers on the one GPU (LEARN_JUDGE; the driver makes it untimed):
+    # with serve's default of one per GPU the SFT eval of 114 answers outlasted a 420 s call.
     # LEARN_ARGS: more options (e.g. "--bf16 --ppo-steps 30"); options a finished unit depends on
     # must stay the same across the calls of one run (the driver refuses a mismatch).
     CUDA_VISIBLE_DEVICES=0 timeout "$lt" $P bench/learning_run.py --corpus /tmp/lws/export --device cuda --out /tmp/lr \
       --opforge "$B" --stop-after-s $((lt - 45)) --time-budget-s "${LEARN_BUDGET:-1200}" --verify "${LEARN_VERIFY:-0}" \
-      --judge-arg "${LEARN_JUDGE:--j 12}" ${LEARN_ARGS:---test-tasks 100 --ppo-batch 8 --eval-every 2 --sft-share 0.3 --ppo-lr 5e-5 --ppo-critic-lr 1e-4} > "$OUT/learning.txt" 2>&1
+      --judge-arg "${LEARN_JUDGE:-$(judge_j)}" ${LEARN_ARGS:---test-tasks 100 --ppo-batch 8 --eval-every 2 --sft-share 0.3 --ppo-lr 5e-5 --ppo-critic-lr 1e-4} > "$OUT/learning.txt" 2>&1
     echo "learning run rc $? (0: done, 3: partial, call again; 124: timeout)" >> "$OUT/learning.txt"
     resolve_stacks /tmp/lr/*.log >> "$OUT/learning.txt"
     cp /tmp/lr/results.json /tmp/lr/summary.md /tmp/lr/learning_run.png "$OUT"/ 2> /dev/null
@@ -237,6 +245,26 @@ case $step in
     else lr_skip+=(--exclude=lr/sft/model --exclude=lr/sft/best_model); fi
     tar czf "$OUT/lr.tgz" -C /tmp "${lr_skip[@]}" lr && ls -la "$OUT/lr.tgz"
     tail -30 "$OUT/learning.txt"
+    ;;
+  lreval)
+    # The learning run's SFT eval again, from the compact copy the last learning call sent back
+    # (carry .lr), with a judge of this tree: which answers it gives -1 or leaves unjudged, and why
+    # (its log; on an 80 GB H100 12 untimed workers ran out of memory on 8 answers, docs/gpu.md).
+    stamp "learning run's SFT eval again (the judge under memory pressure)"
+    [ -d /tmp/lr ] || tar xzf .lr/lr.tgz -C /tmp
+    CUDA_VISIBLE_DEVICES=0 $B serve --tasks /tmp/lr/tasks_all.jsonl --port 0 --policy torch-allowed --device cuda \
+      --max-batch 128 --untimed ${LEARN_JUDGE:-$(judge_j)} > /dev/null 2> "$OUT/lreval_judge.log" &
+    spid=$!
+    url=
+    for _ in $(seq 180); do
+      url=$(grep -o 'http://127.0.0.1:[0-9]*' "$OUT/lreval_judge.log" | head -1); [ -n "$url" ] && break; sleep 1
+    done
+    CUDA_VISIBLE_DEVICES=0 timeout "${LRE_TIMEOUT:-300}" $B train eval --model /tmp/lr/sft/best_model \
+      --tasks /tmp/lr/tasks_test.jsonl --max-new-tokens 756 --device cuda --batch 32 --out "$OUT/lreval.jsonl" \
+      --judge-url "$url" --judge-concurrency 128 > "$OUT/lreval.txt" 2>&1
+    echo "train eval rc $?" >> "$OUT/lreval.txt"
+    kill "$spid"; wait "$spid"
+    grep -E "alone|not judged|verdicts by reason" "$OUT/lreval_judge.log" "$OUT/lreval.txt" | tail -40
     ;;
   release)
     # Issue #18's production (docs/release.md): opforge run --preset ops6k-release --kept $KEPT, resumable

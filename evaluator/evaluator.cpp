@@ -232,8 +232,34 @@ static void apply_findings(json& row, const json& findings) {
   row["findings"] = findings;
 }
 
-// Phase 2: each built solution checked and timed by a judge worker (one per GPU).
-void Run::evaluate(WorkerPool& pool) {
+// A worker's answer to eval_solution as the job's row, keeping what the build phase found.
+json Run::judged_row(const Job& j, const WorkerResult& r) const {
+  json findings = j.row.value("findings", json::array());
+  json compile_s = j.row.value("compile_seconds", json(nullptr));
+  json row = pool_failure(r, true).value_or(r.outcome == Outcome::ok ? r.reply["result"] : json::object());
+  row["compile_seconds"] = compile_s;
+  apply_findings(row, findings);
+  if (!launch.sandboxed) row["flags"].push_back("sandbox_off");
+  return row;
+}
+
+namespace {
+
+bool memory_verdict(const json& row) {
+  std::string reason = row["reason"].is_string() ? row["reason"].get<std::string>() : "";
+  return reason == "out_of_memory" || reason == "judge_out_of_memory";
+}
+
+json attempt(const json& row, const char* how) {
+  return {{"how", how}, {"correct", row.value("correct", false)}, {"reason", row.value("reason", json(nullptr))}};
+}
+
+}  // namespace
+
+// Phase 2: each built solution checked (and timed) by a judge worker; `judges` of them share the
+// devices. A verdict of memory made while they shared one is the neighbours' as much as the
+// solution's, so it is judged again alone before it stands (judge_alone).
+void Run::evaluate(WorkerPool& pool, int judges) {
   std::vector<std::size_t> todo;
   std::vector<json> reqs;
   for (std::size_t i = 0; i < jobs.size(); ++i) {
@@ -249,22 +275,41 @@ void Run::evaluate(WorkerPool& pool) {
                worker_info.value("device_name", device), o.policy, o.untimed ? ", untimed (checks only)" : "", seed,
                launch.profile);
   mark("evaluate", reqs.size());
+  bool sharing = judges > std::max<int>(1, device == "cuda" ? static_cast<int>(gpu_ids.size()) : 1);
+  std::vector<std::pair<std::size_t, json>> again;
   Progress progress("eval", reqs.size());
   long correct = 0;
   pool.run(reqs, [&](WorkerResult&& r) {
     Job& j = jobs[todo[r.index]];
-    json findings = j.row.value("findings", json::array());
-    json compile_s = j.row.value("compile_seconds", json(nullptr));
-    j.row = pool_failure(r, true).value_or(r.outcome == Outcome::ok ? r.reply["result"] : json::object());
-    j.row["compile_seconds"] = compile_s;
-    apply_findings(j.row, findings);
-    if (!launch.sandboxed) j.row["flags"].push_back("sandbox_off");
+    j.row = judged_row(j, r);
     j.done = true;
-    record(j);
+    if (sharing && memory_verdict(j.row))
+      again.emplace_back(todo[r.index], reqs[r.index]);  // recorded once judged alone
+    else
+      record(j);
     correct += j.row.value("correct", false);
     progress.tick(1, fmt::format("{} correct", correct));
   });
   progress.finish();
+  judge_alone(pool, again, judges);
+}
+
+// One request at a time, so no other solution is on any device: the caller's thread alone drives
+// the pool (eval's main thread, serve's dispatcher), and an idle worker holds no cached memory
+// (judge.py empties its cache after each solution). Both verdicts are kept in "attempts".
+void Run::judge_alone(WorkerPool& pool, const std::vector<std::pair<std::size_t, json>>& again, int judges) {
+  if (again.empty()) return;
+  spdlog::warn("{} solution(s) ran out of memory while {} judge workers shared the {}: judging each again alone",
+               again.size(), judges, device == "cuda" ? "GPUs" : "machine");
+  for (const auto& [i, req] : again) {
+    Job& j = jobs[i];
+    json first = attempt(j.row, "shared");
+    j.row = judged_row(j, pool.call(req));
+    j.row["attempts"] = json::array({first, attempt(j.row, "alone")});
+    spdlog::info("  {}: {} alone (was {} shared)", j.sol.key, j.row["reason"].is_string() ? j.row["reason"].get<std::string>() : "correct",
+                 first["reason"].get<std::string>());
+    record(j);
+  }
 }
 
 // Baselines once per task code that has a correct solution and none cached, each in a request of
@@ -462,7 +507,7 @@ json evaluate(const EvalOptions& o) {
   run.resume(journal);
   if (std::any_of(run.jobs.begin(), run.jobs.end(), [](const Job& j) { return !j.done; })) run.prestart(pool, n);
   run.build();
-  run.evaluate(pool);
+  run.evaluate(pool, n);
   run.baselines(pool);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   json report = run.report(secs);

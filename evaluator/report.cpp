@@ -125,6 +125,8 @@ json make_row(const json& r, double margin) {
           {"phase_s", r.value("phase_s", json(nullptr))},  // checks, timing, profile: where an evaluation's time goes
           {"profile", r.value("profile", json(nullptr))},
           {"cold_start_s", r.value("cold_start_s", json(nullptr))},
+          // [shared, alone] when a verdict of memory made beside other judges was judged again alone
+          {"attempts", r.value("attempts", json(nullptr))},
           {"judge", kJudgeVersion},
           {"sandbox", r.value("sandbox", json(nullptr))}};
 }

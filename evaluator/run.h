@@ -121,7 +121,11 @@ struct Run {
   void build(WorkerPool* pool = nullptr);
   void prestart(WorkerPool& pool, int workers);
   WorkerPoolOptions build_pool_options(int workers) const;
-  void evaluate(WorkerPool& pool);
+  // Phase 2 on `judges` workers; a verdict of memory made while they shared a device is judged
+  // again alone (one request at a time) before it stands.
+  void evaluate(WorkerPool& pool, int judges);
+  void judge_alone(WorkerPool& pool, const std::vector<std::pair<std::size_t, json>>& again, int judges);
+  json judged_row(const Job& j, const WorkerResult& r) const;
   void baselines(WorkerPool& pool);
   json rows();  // one report row per job, sorted by task and solution
   json report(double secs);

@@ -242,6 +242,7 @@ class Engine {
   std::unordered_map<std::string, std::shared_future<json>> inflight_;
   std::unordered_map<std::string, json> cache_;
   std::size_t running_ = 0;
+  int judges_ = 1;  // judge workers sharing the devices (Run::evaluate judges a verdict of memory again alone)
   bool stopping_ = false;
   std::thread thread_;
   std::mt19937_64 rng_{std::random_device{}()};
@@ -260,6 +261,7 @@ Engine::Engine(const ServeOptions& o, TaskIndex ti) : o_(o), ti_(std::move(ti)),
   int judges = o.eval.workers > 0 ? o.eval.workers
                                   : (base_.device == "cuda" ? static_cast<int>(base_.gpu_ids.size()) : 1);
   int builders = o.eval.compile_workers > 0 ? o.eval.compile_workers : std::max(1, static_cast<int>(usable_cpus()) / 2);
+  judges_ = judges;
   judge_ = std::make_unique<WorkerPool>(base_.pool_options(judges, o.eval.timeout_s));
   compile_ = std::make_unique<WorkerPool>(base_.build_pool_options(builders));
   WorkerResult ping = judge_->call({{"op", "ping"}});
@@ -386,7 +388,7 @@ void Engine::run_batch(const std::vector<std::shared_ptr<Pending>>& batch) {
     r.jobs.push_back({it->second, e, {}, s.folder ? "model_new.py" : key + ".py"});
   }
   r.build(compile_.get());
-  r.evaluate(*judge_);
+  r.evaluate(*judge_, judges_);
   r.baselines(*judge_);
   std::map<std::string, json> by_key;
   for (auto& row : r.rows()) by_key[row["solution"].get<std::string>()] = row;

@@ -225,6 +225,39 @@ TEST(Eval, UntimedJudgesCorrectnessOnlyWithNoTimingAndNoBaselines) {
   EXPECT_NE(serve.err.find("--untimed needs --policy torch-allowed"), std::string::npos) << serve.err;
 }
 
+TEST(Eval, AVerdictOfMemoryMadeWhileJudgesShareTheMachineIsJudgedAgainAlone) {
+  // Two judge workers share the machine: a solution that runs out of memory there may have been
+  // crowded out by its neighbour, so it is judged again alone and only that verdict stands. The
+  // hog is out of memory alone too; the honest answer beside it is judged once.
+  test::TempDir dir;
+  fs::create_directories(dir / "tasks");
+  fs::create_directories(dir / "solutions");
+  fs::copy_file(eval_fixtures() / "tasks" / "linear_relu.py", dir / "tasks" / "hog.py");
+  fs::copy_file(eval_fixtures() / "tasks" / "linear_relu.py", dir / "tasks" / "honest.py");
+  fs::copy_file(eval_fixtures() / "adaptive" / "memory_hog.py", dir / "solutions" / "hog.py");
+  fs::copy_file(eval_fixtures() / "solutions" / "linear_relu.py", dir / "solutions" / "honest.py");
+  auto run = run_eval(dir / "tasks", dir / "solutions", dir / "out",
+                      {"-j", "2", "--child-memory-mb", "2048", "--untimed", "--policy", "torch-allowed", "--no-plots"});
+  ASSERT_EQ(run.cmd.exit_code, 0) << run.cmd.err;
+  json hog = run.by_solution["hog"];
+  EXPECT_EQ(hog["reward"], -1) << hog.dump(2);
+  EXPECT_EQ(hog["reason"], "out_of_memory") << hog.dump(2);
+  ASSERT_TRUE(hog.contains("attempts")) << hog.dump(2);
+  EXPECT_EQ(hog["attempts"][0]["how"], "shared");
+  EXPECT_EQ(hog["attempts"][0]["reason"], "out_of_memory");
+  EXPECT_EQ(hog["attempts"][1]["how"], "alone");
+  EXPECT_EQ(hog["attempts"][1]["reason"], "out_of_memory");
+  EXPECT_NE(run.cmd.err.find("judging each again alone"), std::string::npos) << run.cmd.err;
+  EXPECT_EQ(run.by_solution["honest"]["reward"], 1) << run.by_solution["honest"].dump(2);
+  EXPECT_TRUE(run.by_solution["honest"]["attempts"].is_null()) << "judged once";
+  // The journal holds the verdict that stands: a rerun reuses it, attempts and all.
+  auto again = run_eval(dir / "tasks", dir / "solutions", dir / "out",
+                        {"-j", "2", "--child-memory-mb", "2048", "--untimed", "--policy", "torch-allowed", "--no-plots"});
+  ASSERT_EQ(again.cmd.exit_code, 0) << again.cmd.err;
+  EXPECT_EQ(again.report["summary"]["resumed"], 2);
+  EXPECT_EQ(again.by_solution["hog"]["attempts"], hog["attempts"]);
+}
+
 namespace {
 
 std::vector<std::string> lines_of(const fs::path& p) {

@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <atomic>
+#include <map>
+#include <mutex>
 #include <thread>
 
 #include "evaluator.h"
@@ -26,17 +28,33 @@ std::vector<Prompt> task_prompts(const std::vector<evaluator::EvalTask>& tasks, 
   return out;
 }
 
+// Why answers failed, said once a call (a rollout's rewards carry no reason): what tells a policy's
+// wrong answers from an environment that fails them (docs/gpu.md, the twenty-third session).
+static void log_reasons(const std::map<std::string, long>& reasons, std::size_t answers) {
+  json counts(reasons);
+  spdlog::info("judge: {} answers, verdicts by reason: {}", answers, counts.dump());
+}
+
 RewardFn judge_reward(const evaluator::JudgeClient& judge, int concurrency) {
   return [&judge, concurrency](const std::vector<std::string>& ids, const std::vector<std::string>& texts,
                                const std::vector<std::vector<int64_t>>&) {
     std::vector<std::optional<double>> out(ids.size());
+    std::map<std::string, long> reasons;
+    std::mutex m;
     std::atomic<std::size_t> next{0};
     auto work = [&] {
       for (std::size_t i; (i = next++) < ids.size();) {
         json row = judge.evaluate_response(ids[i], texts[i]);
-        if (row.value("retryable", false) || !row.contains("reward") || !row["reward"].is_number()) {
-          spdlog::warn("answer {} to {} not judged: {} {}", i, ids[i], row.value("reason", ""),
-                       row.value("detail", "").substr(0, 200));
+        bool scored = row.contains("reward") && row["reward"].is_number();
+        std::string reason = row.contains("reason") && row["reason"].is_string() ? row["reason"].get<std::string>()
+                             : scored                                             ? "correct"
+                                                                                  : "no reason given";
+        {
+          std::lock_guard<std::mutex> l(m);
+          ++reasons[reason];
+        }
+        if (row.value("retryable", false) || !scored) {
+          spdlog::warn("answer {} to {} not judged: {} {}", i, ids[i], reason, row.value("detail", "").substr(0, 200));
           continue;
         }
         out[i] = row["reward"].get<double>();
@@ -45,6 +63,7 @@ RewardFn judge_reward(const evaluator::JudgeClient& judge, int concurrency) {
     std::vector<std::thread> pool;
     for (int k = 0; k < std::max(1, concurrency); ++k) pool.emplace_back(work);
     for (auto& t : pool) t.join();
+    log_reasons(reasons, ids.size());
     return out;
   };
 }

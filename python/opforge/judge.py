@@ -595,7 +595,10 @@ def _check_set(sess, ref, values, label, strict, atol, rtol):
     if not reply.get("ok"):
         raise Verdict(reply.get("reason") or "runtime_error", f"{label}: {str(reply.get('detail'))[:3000]}")
     if "error" in reply:
-        raise Verdict("runtime_error", f"ModelNew.forward on {label}: {reply['error']}")
+        # The child's CUDA allocator failing is a verdict of memory, which a judge sharing the
+        # device gives again alone before it stands (evaluator/README.md).
+        oom = str(reply["error"]).startswith("OutOfMemoryError")
+        raise Verdict("out_of_memory" if oom else "runtime_error", f"ModelNew.forward on {label}: {reply['error']}")
     if reply.get("structure") != _shape_list(expected):
         raise Verdict("output_mismatch", f"{label}: ModelNew returned {reply.get('structure')}, the reference "
                                          f"{_shape_list(expected)}")
@@ -1027,6 +1030,9 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
                 sess.close()
             if child is not None:
                 child.close()
+            # Nothing of this task stays in the allocator's cache of an idle worker: a neighbour
+            # judged alone after running out of memory gets the device's memory (judge_alone).
+            ref_mod = ref = sets = expected0 = draw = sess = timer = None  # noqa: F841
             _release()
             if device.startswith("cuda"):
                 top_up_spares(launch, log, timeout_s)
