@@ -238,6 +238,7 @@ json Run::judged_row(const Job& j, const WorkerResult& r) const {
   json compile_s = j.row.value("compile_seconds", json(nullptr));
   json row = pool_failure(r, true).value_or(r.outcome == Outcome::ok ? r.reply["result"] : json::object());
   row["compile_seconds"] = compile_s;
+  row["artifacts"] = j.row.value("artifacts", json(nullptr));  // the build's, for a second attempt
   apply_findings(row, findings);
   if (!launch.sandboxed) row["flags"].push_back("sandbox_off");
   return row;
@@ -256,6 +257,14 @@ json attempt(const json& row, const char* how) {
 
 }  // namespace
 
+json Run::solution_request(const Job& j, std::uint64_t input_seed) const {
+  Measure m = measure();
+  m.seed = input_seed;
+  SolutionRequest s{tasks[j.task].code, j.work.string(), j.entry, j.sol.folder ? "folder" : "file", o.policy,
+                    j.row.value("artifacts", json(nullptr)), o.atol, o.rtol, !o.untimed, m};
+  return request("eval_solution", s, o.timeout_s);
+}
+
 // Phase 2: each built solution checked (and timed) by a judge worker; `judges` of them share the
 // devices. A verdict of memory made while they shared one is the neighbours' as much as the
 // solution's, so it is judged again alone before it stands (judge_alone).
@@ -265,10 +274,7 @@ void Run::evaluate(WorkerPool& pool, int judges) {
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     if (jobs[i].done) continue;
     todo.push_back(i);
-    SolutionRequest s{tasks[jobs[i].task].code, jobs[i].work.string(), jobs[i].entry,
-                      jobs[i].sol.folder ? "folder" : "file", o.policy, jobs[i].row["artifacts"], o.atol, o.rtol,
-                      !o.untimed, measure()};
-    reqs.push_back(request("eval_solution", s, o.timeout_s));
+    reqs.push_back(solution_request(jobs[i], seed));
   }
   if (reqs.empty()) return;
   spdlog::info("evaluating {} solution(s) on {} ({}), policy {}{}, seed {}, sandbox: {}", reqs.size(), device,
@@ -276,7 +282,7 @@ void Run::evaluate(WorkerPool& pool, int judges) {
                launch.profile);
   mark("evaluate", reqs.size());
   bool sharing = judges > std::max<int>(1, device == "cuda" ? static_cast<int>(gpu_ids.size()) : 1);
-  std::vector<std::pair<std::size_t, json>> again;
+  std::vector<std::size_t> again;
   Progress progress("eval", reqs.size());
   long correct = 0;
   pool.run(reqs, [&](WorkerResult&& r) {
@@ -284,7 +290,7 @@ void Run::evaluate(WorkerPool& pool, int judges) {
     j.row = judged_row(j, r);
     j.done = true;
     if (sharing && memory_verdict(j.row))
-      again.emplace_back(todo[r.index], reqs[r.index]);  // recorded once judged alone
+      again.push_back(todo[r.index]);  // recorded once judged alone
     else
       record(j);
     correct += j.row.value("correct", false);
@@ -296,17 +302,19 @@ void Run::evaluate(WorkerPool& pool, int judges) {
 
 // One request at a time, so no other solution is on any device: the caller's thread alone drives
 // the pool (eval's main thread, serve's dispatcher), and an idle worker holds no cached memory
-// (judge.py empties its cache after each solution). Both verdicts are kept in "attempts".
-void Run::judge_alone(WorkerPool& pool, const std::vector<std::pair<std::size_t, json>>& again, int judges) {
+// (judge.py empties its cache after each solution). On inputs of another seed: nothing the first
+// attempt saw is an answer key for the second. Both verdicts are kept in "attempts".
+void Run::judge_alone(WorkerPool& pool, const std::vector<std::size_t>& again, int judges) {
   if (again.empty()) return;
   spdlog::warn("{} solution(s) ran out of memory while {} judge workers shared the {}: judging each again alone",
                again.size(), judges, device == "cuda" ? "GPUs" : "machine");
-  for (const auto& [i, req] : again) {
+  for (std::size_t i : again) {
     Job& j = jobs[i];
     json first = attempt(j.row, "shared");
-    j.row = judged_row(j, pool.call(req));
+    j.row = judged_row(j, pool.call(solution_request(j, (seed + 0x9e3779b97f4a7c15ULL) % 1000000007ULL)));
     j.row["attempts"] = json::array({first, attempt(j.row, "alone")});
-    spdlog::info("  {}: {} alone (was {} shared)", j.sol.key, j.row["reason"].is_string() ? j.row["reason"].get<std::string>() : "correct",
+    spdlog::info("  {}: {} alone (was {} shared)", j.sol.key,
+                 j.row["reason"].is_string() ? j.row["reason"].get<std::string>() : "correct",
                  first["reason"].get<std::string>());
     record(j);
   }
