@@ -37,7 +37,8 @@
 #                 (LR_FRESH=1 starts over); results.json, summary.md, the png, learning_logs.tgz and lr.tgz
 #                 come back: lr.tgz is /tmp/lr without checkpoints; put it in .lr/ and carry .lr, and a cold
 #                 machine resumes from it (a unit cut without its checkpoint starts again)
-#                 (with `build` in the same cold call: LEARN_TIMEOUT=420, the build takes ~120 s of the 600)
+#                 (with `build` in the same cold call: BUILD_TESTS=OFF BUILD_TARGETS="opforge opforge-trainer"
+#                 LEARN_TIMEOUT=380: the build took 139 s on an H100, and 159 s + 420 s overran the 600)
 # A machine kept warm between calls keeps build-gpu and /tmp, so a later call can skip `build`.
 # At most 8 files come back from $OUT: each step writes few (the logs of a step in one file).
 # Needs .device (../shared/device/pack-debs.sh) carried; CRAWL_DB (default bench/results/crawl_h200.db.gz,
