@@ -513,12 +513,25 @@ def run_eval(run, model, tasks, out_file):
             "--device", args.device, "--batch", str(cfg["eval_batch"]), "--out", out_file] + judge,
            logfile=out_file + ".log")
     res = json.loads(o.strip().splitlines()[-1])
+    res["reasons"] = judge_reasons(out_file + ".log")
     log(f"eval {os.path.relpath(model, args.out)}: pass@1 {res.get('pass_at_1')} mean reward "
-        f"{res.get('mean_reward')} ({res.get('judged')}/{res.get('tasks')} judged)")
+        f"{res.get('mean_reward')} ({res.get('judged')}/{res.get('tasks')} judged; by reason {res['reasons']})")
     return res
 
 
-POINT_KEYS = ("pass_at_1", "mean_reward", "judged", "tasks", "null", "reward_hist")
+def judge_reasons(logfile):
+    """The judge's verdicts by reason, from the trainer's "verdicts by reason" line (an eval's rows
+    carry rewards only): an environment that fails answers shows here, not in pass@1 (on an 80 GB
+    H100, 29 of 92 answers ran out of memory beside 11 other judge workers)."""
+    found = None
+    with open(logfile, errors="replace") as f:
+        for line in f:
+            if "verdicts by reason: " in line:
+                found = line.split("verdicts by reason: ", 1)[1].strip()
+    return json.loads(found) if found else None
+
+
+POINT_KEYS = ("pass_at_1", "mean_reward", "judged", "tasks", "null", "reward_hist", "reasons")
 
 
 def run_ppo_seed(run, actor0, train_tasks, test_tasks, seed, share_s):
