@@ -236,7 +236,8 @@ static void apply_findings(json& row, const json& findings) {
 json Run::judged_row(const Job& j, const WorkerResult& r) const {
   json findings = j.row.value("findings", json::array());
   json compile_s = j.row.value("compile_seconds", json(nullptr));
-  json row = pool_failure(r, true).value_or(r.outcome == Outcome::ok ? r.reply["result"] : json::object());
+  json row = pool_failure(r, true).value_or(r.outcome == Outcome::ok ? r.reply.value("result", json::object())
+                                                                       : json::object());
   row["compile_seconds"] = compile_s;
   row["artifacts"] = j.row.value("artifacts", json(nullptr));  // the build's, for a second attempt
   apply_findings(row, findings);
@@ -247,8 +248,13 @@ json Run::judged_row(const Job& j, const WorkerResult& r) const {
 namespace {
 
 bool memory_verdict(const json& row) {
-  std::string reason = row["reason"].is_string() ? row["reason"].get<std::string>() : "";
+  json reason = row.value("reason", json());
   return reason == "out_of_memory" || reason == "judge_out_of_memory";
+}
+
+std::string verdict_name(const json& row) {
+  json reason = row.value("reason", json());
+  return reason.is_string() ? reason.get<std::string>() : row.value("correct", false) ? "correct" : "no reason";
 }
 
 json attempt(const json& row, const char* how) {
@@ -281,8 +287,11 @@ void Run::evaluate(WorkerPool& pool, int judges) {
                worker_info.value("device_name", device), o.policy, o.untimed ? ", untimed (checks only)" : "", seed,
                launch.profile);
   mark("evaluate", reqs.size());
-  bool sharing = judges > std::max<int>(1, device == "cuda" ? static_cast<int>(gpu_ids.size()) : 1);
+  // Sharing: more solutions in flight than devices (a batch of one in serve shares nothing).
+  int in_flight = std::min<int>(judges, static_cast<int>(reqs.size()));
+  bool sharing = in_flight > std::max<int>(1, device == "cuda" ? static_cast<int>(gpu_ids.size()) : 1);
   std::vector<std::size_t> again;
+  auto t0 = std::chrono::steady_clock::now();
   Progress progress("eval", reqs.size());
   long correct = 0;
   pool.run(reqs, [&](WorkerResult&& r) {
@@ -297,27 +306,40 @@ void Run::evaluate(WorkerPool& pool, int judges) {
     progress.tick(1, fmt::format("{} correct", correct));
   });
   progress.finish();
-  judge_alone(pool, again, judges);
+  // The alone pass may take as long as the shared one (60 s at least), so a batch of answers that
+  // run out of memory on purpose, slowly, at most doubles its batch's time.
+  double shared_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  judge_alone(pool, again, in_flight, std::max(60.0, shared_s));
 }
 
 // One request at a time, so no other solution is on any device: the caller's thread alone drives
 // the pool (eval's main thread, serve's dispatcher), and an idle worker holds no cached memory
 // (judge.py empties its cache after each solution). On inputs of another seed: nothing the first
-// attempt saw is an answer key for the second. Both verdicts are kept in "attempts".
-void Run::judge_alone(WorkerPool& pool, const std::vector<std::size_t>& again, int judges) {
+// attempt saw is an answer key for the second. Both verdicts are kept in "attempts". Past
+// budget_s the rest keep the verdict they had (serial attempts are a solution's lever on the
+// judge's time; no reward is gained by that).
+void Run::judge_alone(WorkerPool& pool, const std::vector<std::size_t>& again, int judges, double budget_s) {
   if (again.empty()) return;
   spdlog::warn("{} solution(s) ran out of memory while {} judge workers shared the {}: judging each again alone",
                again.size(), judges, device == "cuda" ? "GPUs" : "machine");
+  auto t0 = std::chrono::steady_clock::now();
+  long kept = 0;
   for (std::size_t i : again) {
     Job& j = jobs[i];
     json first = attempt(j.row, "shared");
-    j.row = judged_row(j, pool.call(solution_request(j, (seed + 0x9e3779b97f4a7c15ULL) % 1000000007ULL)));
-    j.row["attempts"] = json::array({first, attempt(j.row, "alone")});
-    spdlog::info("  {}: {} alone (was {} shared)", j.sol.key,
-                 j.row["reason"].is_string() ? j.row["reason"].get<std::string>() : "correct",
-                 first["reason"].get<std::string>());
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >= budget_s) {
+      j.row["attempts"] = json::array({first});
+      j.row["detail"] = fmt::format("{} (not judged again alone: the alone pass had spent its {:.0f} s)",
+                                    j.row.value("detail", std::string()), budget_s);
+      ++kept;
+    } else {
+      j.row = judged_row(j, pool.call(solution_request(j, (seed + 0x9e3779b97f4a7c15ULL) % 1000000007ULL)));
+      j.row["attempts"] = json::array({first, attempt(j.row, "alone")});
+      spdlog::info("  {}: {} alone (was {} shared)", j.sol.key, verdict_name(j.row), verdict_name(first));
+    }
     record(j);
   }
+  if (kept) spdlog::warn("{} solution(s) keep their shared verdict: the alone pass spent its {:.0f} s", kept, budget_s);
 }
 
 // Baselines once per task code that has a correct solution and none cached, each in a request of

@@ -124,7 +124,7 @@ struct Run {
   // Phase 2 on `judges` workers; a verdict of memory made while they shared a device is judged
   // again alone (one request at a time) before it stands.
   void evaluate(WorkerPool& pool, int judges);
-  void judge_alone(WorkerPool& pool, const std::vector<std::size_t>& again, int judges);
+  void judge_alone(WorkerPool& pool, const std::vector<std::size_t>& again, int judges, double budget_s);
   json solution_request(const Job& j, std::uint64_t input_seed) const;
   json judged_row(const Job& j, const WorkerResult& r) const;
   void baselines(WorkerPool& pool);

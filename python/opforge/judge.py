@@ -22,6 +22,7 @@ rewrites before every call, and hands back outputs only as bytes in shared memor
    timed with the same protocol, so the per-call overhead of the crossing is in both figures.
 """
 import fcntl
+import gc
 import hashlib
 import json
 import math
@@ -51,6 +52,22 @@ class Verdict(Exception):
     def __init__(self, reason, detail):
         super().__init__(detail)
         self.reason = reason
+
+
+# The reasons a solution's child may answer with (candidate.py's). The child runs the solution's
+# code, which can rewrite the child's handlers: any other reason, a judge_* one above all (the
+# judge's own failures are retried and never scored), is the child speaking for the judge.
+CHILD_REASONS = frozenset({"protocol_error", "no_model_new", "load_error", "compile_error", "init_error",
+                           "output_mismatch", "out_of_memory", "runtime_error"})
+
+
+def child_verdict(reply, default, detail):
+    """The Verdict for a child's failed answer, its reason checked against CHILD_REASONS."""
+    reason = reply.get("reason") or default
+    if isinstance(reason, str) and reason in CHILD_REASONS:
+        return Verdict(reason, detail)
+    return Verdict("protocol_error", f"the solution's process answered reason {str(reason)[:80]!r}, which is not "
+                                     f"one a child gives: {detail}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,7 +157,7 @@ class Child:
             seq, what = self.posted.pop(0)
             reply = self._recv(self.timeout_s, what)
             if reply.get("seq") != seq or not reply.get("ok"):
-                raise Verdict(reply.get("reason") or "protocol_error", f"while {what}: {str(reply)[:500]}")
+                raise child_verdict(reply, "protocol_error", f"while {what}: {str(reply)[:500]}")
 
     def ask(self, op, what, fds=(), timeout=None, spin_s=0.0, **fields):
         """Sends one request and returns the reply; a failure of the child is a Verdict. spin_s:
@@ -162,8 +179,8 @@ class Child:
         reply = self.ask(op, what, fds, spin_s=spin_s, **fields)
         if not reply.get("ok"):
             tb = reply.get("traceback")
-            raise Verdict(reply.get("reason") or "runtime_error",
-                          str(reply.get("detail", ""))[:3000] + (f"\n{str(tb)[-1500:]}" if tb else ""))
+            raise child_verdict(reply, "runtime_error",
+                                str(reply.get("detail", ""))[:3000] + (f"\n{str(tb)[-1500:]}" if tb else ""))
         return reply
 
     def close(self):
@@ -593,7 +610,7 @@ def _check_set(sess, ref, values, label, strict, atol, rtol):
         raise Verdict("forbidden_op", f"{label}: {', '.join(bad[:6])} ran during ModelNew.forward; under --policy "
                                       "strict it may only allocate, take views and call its own extension")
     if not reply.get("ok"):
-        raise Verdict(reply.get("reason") or "runtime_error", f"{label}: {str(reply.get('detail'))[:3000]}")
+        raise child_verdict(reply, "runtime_error", f"{label}: {str(reply.get('detail'))[:3000]}")
     if "error" in reply:
         # The child's CUDA allocator failing is a verdict of memory, which a judge sharing the
         # device gives again alone before it stands (evaluator/README.md).
@@ -809,8 +826,8 @@ class _Timer:
                                     then_spin=then)
         back = time.perf_counter()
         if not reply.get("ok") or "error" in reply:
-            raise Verdict(reply.get("reason") or "runtime_error",
-                          f"while timing ModelNew: {reply.get('error') or reply.get('detail')}")
+            raise child_verdict(reply, "runtime_error",
+                                f"while timing ModelNew: {reply.get('error') or reply.get('detail')}")
         self._advice(reply, sent, back)
 
     def _advice(self, reply, sent, back):
@@ -1033,6 +1050,8 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
             # Nothing of this task stays in the allocator's cache of an idle worker: a neighbour
             # judged alone after running out of memory gets the device's memory (judge_alone).
             ref_mod = ref = sets = expected0 = draw = sess = timer = None  # noqa: F841
+            if device.startswith("cuda"):
+                gc.collect()  # a task module's classes and functions refer to it: freed by the collector
             _release()
             if device.startswith("cuda"):
                 top_up_spares(launch, log, timeout_s)
