@@ -53,8 +53,10 @@ RewardFn judge_reward(const evaluator::JudgeClient& judge, int concurrency) {
           std::lock_guard<std::mutex> l(m);
           ++reasons[reason];
         }
-        if (row.value("retryable", false) || !scored) {
-          spdlog::warn("answer {} to {} not judged: {} {}", i, ids[i], reason, row.value("detail", "").substr(0, 200));
+        if (row.value("retryable", json(false)) == true || !scored) {
+          json detail = row.value("detail", json());  // a thread must not throw: any type is printed
+          spdlog::warn("answer {} to {} not judged: {} {}", i, ids[i], reason,
+                       (detail.is_string() ? detail.get<std::string>() : detail.dump()).substr(0, 200));
           continue;
         }
         out[i] = row["reward"].get<double>();
