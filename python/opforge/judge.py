@@ -452,16 +452,16 @@ class Session:
     """A child with a model bound to the judge's arenas: inputs written by the judge before every
     call, outputs read back by the judge."""
 
-    def __init__(self, child, ref_mod, ref, device, sets, expected0, seed):
+    def __init__(self, child, ref_mod, ref, device, first, expected0, seed):
         self.child, self.device = child, device
         self.last_pending = None
-        self.sets = sets  # the judge's input sets (tensors on device)
+        self.first = first  # the judge's first input set (tensors on device): the arenas' layout
         self._init(ref_mod, ref, seed)
-        self.in_specs, self.slot_bytes = shm.layout([t for t in sets[0] if isinstance(t, torch.Tensor)])
+        self.in_specs, self.slot_bytes = shm.layout([t for t in first if isinstance(t, torch.Tensor)])
         self.out_specs, out_bytes = shm.layout(expected0)
         self.outs = shm.create_arena(out_bytes, device)
         self.out_views = [self.outs.tensor(s) for s in self.out_specs]
-        self.encoded = shm.encode(list(sets[0]), [])
+        self.encoded = shm.encode(list(first), [])
         self.ins, self.slot_views = None, []
         self.bind(1)
 
@@ -639,22 +639,36 @@ def _stress(values):
 PENDING_MS = 0.15  # a device sync after an idle stream costs tens of microseconds; more is work elsewhere
 
 
-def _check_all(sess, ref, sets, strict, atol, rtol, flags):
-    """Every input set, then stressed inputs when the task's outputs look constant. Returns the
-    max error."""
-    max_err, outs, busy = 0.0, [], []
-    for k, values in enumerate(sets):
+def _checked_sets(sess, draw, seed, n):
+    """The n checked input sets in turn: the session's first, then each later one drawn when its
+    check comes (seeds seed+2.., as _reference's first is seed+1). One at a time, so a worker holds
+    two sets and not n: a corpus task's set is ~1 GB, and judge workers share a GPU."""
+    yield sess.first
+    for k in range(1, n):
+        yield draw(seed + 1 + k)
+
+
+def _check_all(sess, ref, draw, seed, n, strict, atol, rtol, flags):
+    """Every checked input set, then stressed inputs when the task's outputs look constant.
+    Returns the max error."""
+    max_err, first_out, constant, busy = 0.0, None, True, []
+    for k, values in enumerate(_checked_sets(sess, draw, seed, n)):
         err, exp = _check_set(sess, ref, values, f"input set {k + 1}", strict, atol, rtol)
-        max_err, outs = max(max_err, err), outs + [exp]
-        busy += [ms for ms in [sess.last_pending] if ms is not None and ms > PENDING_MS]
-    if len(busy) >= 2 and len(busy) * 2 >= len(sets):
-        raise Verdict("unsynchronized_stream", f"the device stayed busy {max(busy):.3f} ms after ModelNew's stream "
-                                               f"finished in {len(busy)} of {len(sets)} calls: work left on another stream")
-    if len(outs) > 1 and all(_close(o, outs[0], atol, rtol)[0] for o in outs[1:]):
-        err, exp = _check_set(sess, ref, _stress(sets[0]), "stressed inputs (x*4+1), since the task's outputs look "
-                                                           "constant", strict, atol, rtol)
         max_err = max(max_err, err)
-        if _close(exp, outs[0], atol, rtol)[0]:
+        if first_out is None:
+            first_out = exp
+        else:
+            constant = constant and _close(exp, first_out, atol, rtol)[0]
+        busy += [ms for ms in [sess.last_pending] if ms is not None and ms > PENDING_MS]
+        values = exp = None  # freed before the next set is drawn
+    if len(busy) >= 2 and len(busy) * 2 >= n:
+        raise Verdict("unsynchronized_stream", f"the device stayed busy {max(busy):.3f} ms after ModelNew's stream "
+                                               f"finished in {len(busy)} of {n} calls: work left on another stream")
+    if n > 1 and constant:
+        err, exp = _check_set(sess, ref, _stress(sess.first), "stressed inputs (x*4+1), since the task's outputs "
+                                                              "look constant", strict, atol, rtol)
+        max_err = max(max_err, err)
+        if _close(exp, first_out, atol, rtol)[0]:
             flags.append("degenerate_task")
     return max_err
 
@@ -961,9 +975,10 @@ def _draw(ref_mod, device, seed):
     return T.make_inputs(ref_mod, device, seed=seed, on_device=True)
 
 
-def _reference_and_sets(task_code, device, seed, n):
-    """(reference module, model, n checked input sets, the first set's expected outputs, the
-    drawer of every later set: _drawer, which holds them to the first set's shapes)."""
+def _reference(task_code, device, seed):
+    """(reference module, model, the first input set, its expected outputs, the drawer of every
+    later set: _drawer, which holds them to the first set's shapes; _checked_sets draws the
+    checked ones as they come)."""
     try:
         ref_mod = T.load_module(task_code, name="opforge_reference")
         ref = T.build(ref_mod, device, seed=init_seed(seed)).eval()
@@ -971,9 +986,8 @@ def _reference_and_sets(task_code, device, seed, n):
     except T.TaskError as e:
         raise Verdict("task_error", f"the reference task failed: {e.reason}: {e}") from None
     draw = _drawer(ref_mod, device, first)
-    sets = [first] + [draw(seed + 1 + k) for k in range(1, n)]
     try:
-        return ref_mod, ref, sets, _expected(ref, sets[0]), draw
+        return ref_mod, ref, first, _expected(ref, first), draw
     except T.TaskError as e:
         raise Verdict("task_error", f"the reference's output: {e}") from None
 
@@ -1003,8 +1017,7 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
     child = sess = None
     with open(log_path or os.devnull, "ab") as log:
         try:
-            ref_mod, ref, sets, expected0, draw = _reference_and_sets(task_code, device, seed,
-                                                                      max(2, correct_trials))
+            ref_mod, ref, first, expected0, draw = _reference(task_code, device, seed)
             child, t1 = _start(launch, log, timeout_s, device, result)
             timing.SUSPECTS[:] = [child.proc.pid]  # its tree holding a lock the timer waits for is a verdict
             # Untimed (opforge eval --untimed): checks only, so no timing floor, no timing, no profile.
@@ -1014,11 +1027,12 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
                   layout=layout, artifacts=refs, device=device, policy=policy)
             result["compiled"] = True
             result["dispatch_parts"]["loaded_s"] = time.perf_counter() - t1
-            sess = Session(child, ref_mod, ref, device, sets, expected0, seed)
+            sess = Session(child, ref_mod, ref, device, first, expected0, seed)
+            first = expected0 = None  # the session holds the set; the checks compute their own outputs
             result["dispatch_s"] = time.perf_counter() - t1
             with timing.shared(timing.check_lock(timing_lock, device)):
-                result["max_error"] = _check_all(sess, ref, sets[:correct_trials], policy == "strict", atol, rtol,
-                                                 result["flags"])
+                result["max_error"] = _check_all(sess, ref, draw, seed, correct_trials, policy == "strict", atol,
+                                                 rtol, result["flags"])
             result["phase_s"] = {"checks": time.perf_counter() - t1 - result["dispatch_s"]}
             if timed:
                 timer = _Timer(sess, ref, draw, atol, rtol, strict=policy == "strict", floor_ms=floor)
@@ -1049,7 +1063,7 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
                 child.close()
             # Nothing of this task stays in the allocator's cache of an idle worker: a neighbour
             # judged alone after running out of memory gets the device's memory (judge_alone).
-            ref_mod = ref = sets = expected0 = draw = sess = timer = None  # noqa: F841
+            ref_mod = ref = first = expected0 = draw = sess = timer = None  # noqa: F841
             if device.startswith("cuda"):
                 gc.collect()  # a task module's classes and functions refer to it: freed by the collector
             _release()
@@ -1125,7 +1139,7 @@ def _with_inductor_cache(launch, cache_dir):
     return {**launch, "spec": spec}
 
 
-def _baseline(task_code, ref_mod, ref, sets, expected0, draw, compile_, launch, log, device, trials, budget_s, seed,
+def _baseline(task_code, ref_mod, ref, first, expected0, draw, compile_, launch, log, device, trials, budget_s, seed,
               lock, timeout_s):
     child = Child(launch, log, timeout_s=timeout_s)
     sess = None
@@ -1134,10 +1148,10 @@ def _baseline(task_code, ref_mod, ref, sets, expected0, draw, compile_, launch, 
             child.must("warm", "making the CUDA context")
         floor = crossing_floor_ms(child, device, lock)  # as for a candidate: before the task's code is loaded
         child.must("reference", "loading the reference", task_code=task_code, compile=compile_, device=device)
-        sess = Session(child, ref_mod, ref, device, sets, expected0, seed)
+        sess = Session(child, ref_mod, ref, device, first, expected0, seed)
         with timing.shared(timing.check_lock(lock, device)):
             # Warms up (and for torch.compile compiles) beside other checks, not in a timed region.
-            _check_set(sess, ref, sets[0], "the first input set", False, 1e-2, 1e-2)
+            _check_set(sess, ref, first, "the first input set", False, 1e-2, 1e-2)
         return _Timer(sess, ref, draw, 1e-2, 1e-2, floor_ms=floor).run(trials, budget_s, lock)
     finally:
         if sess is not None:
@@ -1156,7 +1170,7 @@ def eval_baselines(task_code, launch, device="cpu", trials=100, budget_s=10.0, s
     out = {"eager": None, "compile": None, "detail": "", "device_name": device_name(device), "torch": torch.__version__}
     with open(log_path or os.devnull, "ab") as log:
         try:
-            args = _reference_and_sets(task_code, device, seed, max(2, correct_trials))
+            args = _reference(task_code, device, seed)  # a baseline checks the first set only
             out["eager"] = _baseline(task_code, *args, False, launch, log, device, trials, budget_s, seed, lock,
                                      timeout_s)
             try:
