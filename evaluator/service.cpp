@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -361,6 +362,25 @@ void write_submission(const Submission& s, const fs::path& dir) {
   }
 }
 
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// Where a batch's time went, one line on stderr: a batch answers when its slowest answer is done,
+// so the slowest answers' own figures (child ready, load, checks) say what held it.
+void log_batch(const std::map<std::string, json>& rows, std::size_t tasks, std::array<double, 3> phase_s) {
+  std::vector<std::pair<double, std::string>> slow;
+  for (auto& [key, row] : rows) {
+    double d = row.value("dispatch_s", json(0.0)).is_number() ? row["dispatch_s"].get<double>() : 0.0;
+    double c = row.contains("phase_s") && row["phase_s"].is_object() ? row["phase_s"].value("checks", 0.0) : 0.0;
+    std::string reason = row["reason"].is_string() ? row["reason"].get<std::string>() : "correct";
+    slow.emplace_back(d + c, fmt::format("{} {} (dispatch {:.1f} s, checks {:.1f} s)", key, reason, d, c));
+  }
+  std::sort(slow.rbegin(), slow.rend());
+  std::string top;
+  for (std::size_t i = 0; i < std::min<std::size_t>(3, slow.size()); ++i) top += (i ? "; " : "") + slow[i].second;
+  spdlog::info("batch of {} answer(s) over {} task(s): build {:.1f} s, judging {:.1f} s, baselines {:.1f} s; "
+               "slowest: {}", rows.size(), tasks, phase_s[0], phase_s[1], phase_s[2], top);
+}
+
 void Engine::run_batch(const std::vector<std::shared_ptr<Pending>>& batch) {
   EvalOptions eo = o_.eval;
   eo.trials = batch.front()->sub.trials;
@@ -387,11 +407,15 @@ void Engine::run_batch(const std::vector<std::shared_ptr<Pending>>& batch) {
     if (!s.folder) fs::rename(dir / "solution.py", e.path);
     r.jobs.push_back({it->second, e, {}, s.folder ? "model_new.py" : key + ".py"});
   }
+  auto t0 = Clock::now();
   r.build(compile_.get());
+  auto t1 = Clock::now();
   r.evaluate(*judge_, judges_);
+  auto t2 = Clock::now();
   r.baselines(*judge_);
   std::map<std::string, json> by_key;
   for (auto& row : r.rows()) by_key[row["solution"].get<std::string>()] = row;
+  log_batch(by_key, r.tasks.size(), {seconds(t1 - t0), seconds(t2 - t1), seconds(Clock::now() - t2)});
   for (std::size_t i = 0; i < batch.size(); ++i) finish(batch[i], answer(by_key.at(fmt::format("s{}", i)), batch[i]->sub));
 }
 
