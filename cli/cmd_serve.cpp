@@ -19,6 +19,9 @@ void add_limits(CLI::App* cmd, evaluator::ServeOptions& o) {
   cmd->add_option("--queue", o.queue_max, "Evaluations queued or running before requests get 429")->capture_default_str();
   cmd->add_option("--max-batch", o.max_batch, "Evaluations built and judged together")->capture_default_str();
   cmd->add_option("--max-solution-bytes", o.max_files_bytes, "Size cap of one submission's files")->capture_default_str();
+  cmd->add_option("--child-memory-mb", o.eval.child_memory_mb,
+                  "Memory limit of one solution's sandbox, through a cgroup where the machine has one (default: the "
+                  "per-worker limit, as eval)");
 }
 
 }  // namespace
@@ -69,7 +72,7 @@ void add_serve(CLI::App& app, Runner& run) {
         o->s.token = t;
       }
       if (o->s.eval.memory_limit_mb == 0) o->s.eval.memory_limit_mb = default_memory_limit_mb(4);
-      o->s.eval.child_memory_mb = o->s.eval.memory_limit_mb;
+      if (o->s.eval.child_memory_mb == 0) o->s.eval.child_memory_mb = o->s.eval.memory_limit_mb;
       return evaluator::serve(o->s);
 #endif
     };

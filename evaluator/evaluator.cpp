@@ -245,12 +245,12 @@ json Run::judged_row(const Job& j, const WorkerResult& r) const {
   return row;
 }
 
-namespace {
-
 bool memory_verdict(const json& row) {
   json reason = row.value("reason", json());
   return reason == "out_of_memory" || reason == "judge_out_of_memory";
 }
+
+namespace {
 
 std::string verdict_name(const json& row) {
   json reason = row.value("reason", json());
@@ -325,21 +325,25 @@ void Run::judge_alone(WorkerPool& pool, const std::vector<std::size_t>& again, i
   auto t0 = std::chrono::steady_clock::now();
   long kept = 0;
   for (std::size_t i : again) {
-    Job& j = jobs[i];
-    json first = attempt(j.row, "shared");
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >= budget_s) {
-      j.row["attempts"] = json::array({first});
-      j.row["detail"] = fmt::format("{} (not judged again alone: the alone pass had spent its {:.0f} s)",
-                                    j.row.value("detail", std::string()), budget_s);
-      ++kept;
-    } else {
-      j.row = judged_row(j, pool.call(solution_request(j, (seed + 0x9e3779b97f4a7c15ULL) % 1000000007ULL)));
-      j.row["attempts"] = json::array({first, attempt(j.row, "alone")});
-      spdlog::info("  {}: {} alone (was {} shared)", j.sol.key, verdict_name(j.row), verdict_name(first));
-    }
-    record(j);
+    bool in_budget = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < budget_s;
+    kept += !judge_again_alone(pool, jobs[i], in_budget, budget_s);
+    record(jobs[i]);
   }
   if (kept) spdlog::warn("{} solution(s) keep their shared verdict: the alone pass spent its {:.0f} s", kept, budget_s);
+}
+
+bool Run::judge_again_alone(WorkerPool& pool, Job& j, bool in_budget, double budget_s) const {
+  json first = attempt(j.row, "shared");
+  if (!in_budget) {
+    j.row["attempts"] = json::array({first});
+    j.row["detail"] = fmt::format("{} (not judged again alone: the alone pass had spent its {:.0f} s)",
+                                  j.row.value("detail", std::string()), budget_s);
+    return false;
+  }
+  j.row = judged_row(j, pool.call(solution_request(j, (seed + 0x9e3779b97f4a7c15ULL) % 1000000007ULL)));
+  j.row["attempts"] = json::array({first, attempt(j.row, "alone")});
+  spdlog::info("  {}: {} alone (was {} shared)", j.sol.key, verdict_name(j.row), verdict_name(first));
+  return true;
 }
 
 // Baselines once per task code that has a correct solution and none cached, each in a request of
@@ -361,53 +365,62 @@ void Run::baselines(WorkerPool& pool) {
   std::vector<std::string> hashes;
   for (auto& [h, code] : missing) {
     hashes.push_back(h);
-    reqs.push_back(request("eval_baselines", BaselineRequest{code, fs::absolute(cache).string(), measure()}, o.timeout_s));
+    reqs.push_back(baseline_request(code));
   }
   spdlog::info("timing eager and torch.compile baselines of {} task(s), each in its own child", reqs.size());
   mark("baselines", reqs.size());
   pool.run(reqs, [&](WorkerResult&& r) {
-    if (auto f = pool_failure(r, true)) {
-      spdlog::warn("baselines of a task could not be measured: {}", (*f)["detail"].get<std::string>());
-      return;
-    }
-    const json& res = r.reply["result"];
-    if (res["eager"].is_null()) {
-      spdlog::warn("baselines of a task could not be measured: {}", res.value("detail", ""));
-      return;
-    }
-    db.put(hashes[r.index], device_key, res);
-    base[hashes[r.index]] = {{"eager", res["eager"]}, {"compile", res["compile"]}, {"note", res.value("detail", "")},
-                             {"cached", false}};
+    if (auto b = baseline_entry(r, db, hashes[r.index])) base[hashes[r.index]] = std::move(*b);
   });
+}
+
+json Run::baseline_request(const std::string& code) const {
+  return request("eval_baselines", BaselineRequest{code, fs::absolute(cache).string(), measure()}, o.timeout_s);
+}
+
+std::optional<json> Run::baseline_entry(const WorkerResult& r, BaselineCache& db, const std::string& hash) const {
+  if (auto f = pool_failure(r, true)) {
+    spdlog::warn("baselines of a task could not be measured: {}", (*f)["detail"].get<std::string>());
+    return std::nullopt;
+  }
+  const json& res = r.reply["result"];
+  if (res["eager"].is_null()) {
+    spdlog::warn("baselines of a task could not be measured: {}", res.value("detail", ""));
+    return std::nullopt;
+  }
+  db.put(hash, device_key, res);
+  return json{{"eager", res["eager"]}, {"compile", res["compile"]}, {"note", res.value("detail", "")}, {"cached", false}};
 }
 
 json Run::rows() {
   json results = json::array();
-  for (auto& j : jobs) {
-    json& r = j.row;
-    const EvalTask& t = tasks[j.task];
-    r["task"] = t.name;
-    r["task_id"] = t.id;
-    r["solution"] = j.sol.key;
-    r["layout"] = j.sol.folder ? "folder" : "file";
-    r["sandbox"] = launch.profile;
-    if (r.value("correct", false) && !o.untimed) {  // untimed takes no baselines: none is missing
-      if (auto b = base.find(xxh3_hex(t.code)); b != base.end()) {
-        r["eager"] = b->second["eager"];
-        r["compile"] = b->second["compile"];
-        if (!b->second["note"].get<std::string>().empty()) r["detail"] = b->second["note"];
-        r["baseline_cached"] = b->second["cached"];
-      } else {
-        r["flags"].push_back("no_baseline");
-      }
-    }
-    results.push_back(make_row(r, o.speedup_margin));
-  }
+  for (auto& j : jobs) results.push_back(row(j));
   std::sort(results.begin(), results.end(), [](const json& a, const json& b) {
     return std::make_pair(a["task"].get<std::string>(), a["solution"].get<std::string>()) <
            std::make_pair(b["task"].get<std::string>(), b["solution"].get<std::string>());
   });
   return results;
+}
+
+json Run::row(Job& j) {
+  json& r = j.row;
+  const EvalTask& t = tasks[j.task];
+  r["task"] = t.name;
+  r["task_id"] = t.id;
+  r["solution"] = j.sol.key;
+  r["layout"] = j.sol.folder ? "folder" : "file";
+  r["sandbox"] = launch.profile;
+  if (r.value("correct", false) && !o.untimed) {  // untimed takes no baselines: none is missing
+    if (auto b = base.find(xxh3_hex(t.code)); b != base.end()) {
+      r["eager"] = b->second["eager"];
+      r["compile"] = b->second["compile"];
+      if (!b->second["note"].get<std::string>().empty()) r["detail"] = b->second["note"];
+      r["baseline_cached"] = b->second["cached"];
+    } else {
+      r["flags"].push_back("no_baseline");
+    }
+  }
+  return make_row(r, o.speedup_margin);
 }
 
 json Run::report(double secs) {

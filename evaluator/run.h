@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -125,13 +126,25 @@ struct Run {
   // again alone (one request at a time) before it stands.
   void evaluate(WorkerPool& pool, int judges);
   void judge_alone(WorkerPool& pool, const std::vector<std::size_t>& again, int judges, double budget_s);
+  // One solution of judge_alone (the caller's thread alone drives the pool): judged again on
+  // inputs of another seed when in_budget, else its shared verdict kept with the reason; both
+  // verdicts in the row's "attempts". False when it was not judged again.
+  bool judge_again_alone(WorkerPool& pool, Job& j, bool in_budget, double budget_s) const;
   json solution_request(const Job& j, std::uint64_t input_seed) const;
   json judged_row(const Job& j, const WorkerResult& r) const;
   void baselines(WorkerPool& pool);
+  json baseline_request(const std::string& task_code) const;
+  // A baseline worker's answer as a `base` entry (stored in db), or nullopt when it measured none.
+  std::optional<json> baseline_entry(const WorkerResult& r, BaselineCache& db, const std::string& hash) const;
   json rows();  // one report row per job, sorted by task and solution
+  json row(Job& j);  // the report row of one judged job, with its task's baselines when there are
   json report(double secs);
   Measure measure() const;
 };
+
+// A verdict of memory (the solution's out_of_memory or the judge's own judge_out_of_memory): made
+// while judge workers shared a device, it is judged again alone before it stands.
+bool memory_verdict(const json& row);
 
 fs::path default_cache_dir();
 // Everything a cached baseline depends on besides the task code.

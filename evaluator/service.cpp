@@ -20,6 +20,7 @@
 #include <fstream>
 #include <future>
 #include <iostream>
+#include <list>
 #include <map>
 #include <mutex>
 #include <random>
@@ -211,6 +212,33 @@ json environment_failure(const std::string& reason, const std::string& detail) {
   return {{"reward", nullptr}, {"retryable", true}, {"reason", reason}, {"detail", detail}, {"judge", kJudgeVersion}};
 }
 
+// A group of submissions taken from the queue together and built together (one Run: one seed, one
+// trial count). Its answers leave one by one as each is judged: nothing waits for the group's
+// slowest (docs/architecture.md, "The service").
+struct Batch {
+  EvalOptions eo;  // the Run refers to it
+  std::unique_ptr<Run> run;
+  std::vector<std::shared_ptr<Pending>> subs;  // subs[i] is run->jobs[i]
+  std::vector<bool> answered;
+  std::size_t open = 0;
+  bool handed = false;   // its jobs went to the judge thread
+  bool retired = false;  // all answered; freed by reap()
+  std::uint64_t n = 0;
+  Clock::time_point t0, built;
+  std::map<std::string, json> rows;  // answered rows by solution key, for the batch's log line
+};
+
+// One request handed to the judge pool: a job's solution, or (hash set) the baselines of a task
+// code that correct answers wait for.
+constexpr std::size_t kMaxFeed = 100000;
+
+struct Work {
+  Batch* b = nullptr;
+  std::size_t job = 0;
+  std::string hash;
+  std::size_t in_flight = 0;  // requests in flight when it was handed out, itself included
+};
+
 class Engine {
  public:
   Engine(const ServeOptions& o, TaskIndex ti);
@@ -227,9 +255,20 @@ class Engine {
 
  private:
   std::shared_future<json> submit_locked(Submission s);  // under m_, with room checked
-  void loop();
   std::vector<std::shared_ptr<Pending>> next_batch();
-  void run_batch(const std::vector<std::shared_ptr<Pending>>& batch);
+  // The builder thread (drives compile_): queue -> batches, built, handed to the judge thread.
+  void build_loop();
+  std::unique_ptr<Batch> make_batch(std::vector<std::shared_ptr<Pending>> subs, std::uint64_t n);
+  // The judge thread (drives judge_): every built solution and needed baseline, fed to the
+  // workers as they free up; answers each job the moment its verdict stands.
+  void judge_loop();
+  std::vector<json> take_work(std::vector<Work>& feed);
+  void judged(const Work& w, WorkerResult&& r);
+  void settle(Batch* b, std::size_t job);
+  void complete(Batch* b, std::size_t job, std::optional<json> failure = std::nullopt);
+  void fail_handed_out(const std::string& why);
+  void reap();
+  void run_alone();
   json answer(const json& row, const Submission& s) const;
   void finish(const std::shared_ptr<Pending>& p, json a);
 
@@ -238,15 +277,27 @@ class Engine {
   Run base_;  // the run every batch copies its device, launch, cache and worker info from
   std::unique_ptr<WorkerPool> compile_, judge_;
   std::mutex m_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;        // the queue (builder thread)
+  std::condition_variable cv_built_;  // built batches (judge thread)
   std::deque<std::shared_ptr<Pending>> queue_;
   std::unordered_map<std::string, std::shared_future<json>> inflight_;
   std::unordered_map<std::string, json> cache_;
-  std::size_t running_ = 0;
-  int judges_ = 1;  // judge workers sharing the devices (Run::evaluate judges a verdict of memory again alone)
+  std::list<std::unique_ptr<Batch>> batches_;  // taken from the queue, not yet all answered
+  std::deque<Batch*> built_;                   // built, not yet handed to the judge thread
+  std::size_t running_ = 0;                    // submissions taken from the queue, not yet answered
+  int judges_ = 1;  // judge workers sharing the devices (a verdict of memory is judged again alone)
+  int devices_ = 1;
   bool stopping_ = false;
-  std::thread thread_;
+  std::thread builder_, judger_;
   std::mt19937_64 rng_{std::random_device{}()};
+  // The judge thread's own.
+  std::unique_ptr<BaselineCache> db_;
+  std::map<std::string, std::optional<json>> bases_;  // "hash|device key" -> baselines (nullopt: none measured)
+  std::map<std::string, std::vector<std::pair<Batch*, std::size_t>>> waiting_;  // jobs waiting for those
+  std::deque<std::pair<Batch*, std::string>> baseline_todo_;  // a waiter's batch, the code hash
+  std::vector<std::pair<Batch*, std::size_t>> alone_;  // verdicts of memory, to judge again alone
+  std::size_t in_flight_ = 0;
+  Clock::time_point shared_since_ = Clock::now();  // the alone pass may take as long as the judging before it
 };
 
 Engine::Engine(const ServeOptions& o, TaskIndex ti) : o_(o), ti_(std::move(ti)), base_(o.eval) {
@@ -254,6 +305,8 @@ Engine::Engine(const ServeOptions& o, TaskIndex ti) : o_(o), ti_(std::move(ti)),
   base_.cache = o.eval.cache_dir.empty() ? default_cache_dir() : o.eval.cache_dir;
   fs::create_directories(base_.cache / "locks");
   fs::create_directories(base_.out / "logs");
+  fs::remove_all(base_.out / "batch" / "work");  // a stopped service's leftovers
+  fs::remove_all(base_.out / "submissions");
   base_.device = o.eval.device;
   base_.gpu_ids = base_.device == "cpu" ? std::vector<std::string>{} : visible_gpus();
   if (base_.device == "auto") base_.device = base_.gpu_ids.empty() ? "cpu" : "cuda";
@@ -263,6 +316,7 @@ Engine::Engine(const ServeOptions& o, TaskIndex ti) : o_(o), ti_(std::move(ti)),
                                   : (base_.device == "cuda" ? static_cast<int>(base_.gpu_ids.size()) : 1);
   int builders = o.eval.compile_workers > 0 ? o.eval.compile_workers : std::max(1, static_cast<int>(usable_cpus()) / 2);
   judges_ = judges;
+  devices_ = std::max(1, base_.device == "cuda" ? static_cast<int>(base_.gpu_ids.size()) : 1);
   judge_ = std::make_unique<WorkerPool>(base_.pool_options(judges, o.eval.timeout_s));
   compile_ = std::make_unique<WorkerPool>(base_.build_pool_options(builders));
   WorkerResult ping = judge_->call({{"op", "ping"}});
@@ -270,7 +324,9 @@ Engine::Engine(const ServeOptions& o, TaskIndex ti) : o_(o), ti_(std::move(ti)),
   OPFORGE_CHECK(compile_->call({{"op", "ping"}}).outcome == Outcome::ok, "a compiler worker did not start");
   base_.worker_info = judge_->worker_info();
   base_.prestart(*judge_, judges);
-  thread_ = std::thread([this] { loop(); });
+  db_ = std::make_unique<BaselineCache>(base_.cache / "baselines.db");
+  builder_ = std::thread([this] { build_loop(); });
+  judger_ = std::thread([this] { judge_loop(); });
 }
 
 std::optional<std::vector<std::shared_future<json>>> Engine::submit_all(std::vector<Submission> subs) {
@@ -308,6 +364,8 @@ std::shared_future<json> Engine::submit_locked(Submission s) {
   return p->fut;
 }
 
+// The threads end after what they hold (a build under way, the judging in flight); whatever is
+// still queued, built or waiting then is answered service_stopping (retryable).
 void Engine::stop() {
   {
     std::lock_guard<std::mutex> l(m_);
@@ -315,9 +373,17 @@ void Engine::stop() {
     stopping_ = true;
   }
   cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  cv_built_.notify_all();
+  if (builder_.joinable()) builder_.join();
+  if (judger_.joinable()) judger_.join();
   for (auto& p : queue_) p->done.set_value(environment_failure("service_stopping", "the service stopped first"));
   queue_.clear();
+  std::vector<Batch*> left;
+  for (auto& b : batches_) left.push_back(b.get());
+  for (Batch* b : left)
+    for (std::size_t i = 0; i < b->subs.size(); ++i)
+      if (!b->answered[i]) complete(b, i, environment_failure("service_stopping", "the service stopped first"));
+  reap();
 }
 
 // What is queued with the head's trial count, up to max_batch (one Run per trial count).
@@ -335,23 +401,8 @@ std::vector<std::shared_ptr<Pending>> Engine::next_batch() {
       ++it;
     }
   }
-  running_ = batch.size();
+  running_ += batch.size();
   return batch;
-}
-
-void Engine::loop() {
-  for (;;) {
-    auto batch = next_batch();
-    if (batch.empty()) return;
-    try {
-      run_batch(batch);
-    } catch (const std::exception& e) {
-      spdlog::error("a batch of {} evaluation(s) failed in the service: {}", batch.size(), e.what());
-      for (auto& p : batch) finish(p, environment_failure("judge_error", e.what()));
-    }
-    std::lock_guard<std::mutex> l(m_);
-    running_ = 0;
-  }
 }
 
 void write_submission(const Submission& s, const fs::path& dir) {
@@ -364,59 +415,246 @@ void write_submission(const Submission& s, const fs::path& dir) {
 
 double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-// Where a batch's time went, one line on stderr: a batch answers when its slowest answer is done,
-// so the slowest answers' own figures (child ready, load, checks) say what held it.
-void log_batch(const std::map<std::string, json>& rows, std::size_t tasks, std::array<double, 3> phase_s) {
-  std::vector<std::pair<double, std::string>> slow;
-  for (auto& [key, row] : rows) {
-    double d = row.value("dispatch_s", json(0.0)).is_number() ? row["dispatch_s"].get<double>() : 0.0;
-    double c = row.contains("phase_s") && row["phase_s"].is_object() ? row["phase_s"].value("checks", 0.0) : 0.0;
-    std::string reason = row["reason"].is_string() ? row["reason"].get<std::string>() : "correct";
-    slow.emplace_back(d + c, fmt::format("{} {} (dispatch {:.1f} s, checks {:.1f} s)", key, reason, d, c));
-  }
-  std::sort(slow.rbegin(), slow.rend());
-  std::string top;
-  for (std::size_t i = 0; i < std::min<std::size_t>(3, slow.size()); ++i) top += (i ? "; " : "") + slow[i].second;
-  spdlog::info("batch of {} answer(s) over {} task(s): build {:.1f} s, judging {:.1f} s, baselines {:.1f} s; "
-               "slowest: {}", rows.size(), tasks, phase_s[0], phase_s[1], phase_s[2], top);
-}
-
-void Engine::run_batch(const std::vector<std::shared_ptr<Pending>>& batch) {
-  EvalOptions eo = o_.eval;
-  eo.trials = batch.front()->sub.trials;
-  Run r(eo);
+// A batch's jobs are keyed b<batch>s<i>: batches in flight together never share a folder.
+std::unique_ptr<Batch> Engine::make_batch(std::vector<std::shared_ptr<Pending>> subs, std::uint64_t n) {
+  auto b = std::make_unique<Batch>();
+  b->eo = o_.eval;
+  b->eo.trials = subs.front()->sub.trials;
+  b->run = std::make_unique<Run>(b->eo);
+  Run& r = *b->run;
   r.out = base_.out / "batch";
-  fs::remove_all(r.out / "work");
   fs::create_directories(r.out / "logs");
   r.cache = base_.cache;
   r.device = base_.device;
   r.gpu_ids = base_.gpu_ids;
   r.launch = base_.launch;
   r.worker_info = base_.worker_info;
-  r.device_key = baseline_key(r.worker_info, r.device, eo);
+  r.device_key = baseline_key(r.worker_info, r.device, b->eo);
   r.seed = rng_() % 1000000007ULL;
   std::map<std::size_t, std::size_t> task_at;
-  for (std::size_t i = 0; i < batch.size(); ++i) {
-    const Submission& s = batch[i]->sub;
+  for (std::size_t i = 0; i < subs.size(); ++i) {
+    const Submission& s = subs[i]->sub;
     auto [it, fresh] = task_at.emplace(s.task, r.tasks.size());
     if (fresh) r.tasks.push_back(ti_.tasks[s.task]);
-    std::string key = fmt::format("s{}", i);
+    std::string key = fmt::format("b{}s{}", n, i);
     fs::path dir = base_.out / "submissions" / key;
     write_submission(s, s.folder ? dir / key : dir);
     SolutionEntry e{key, s.folder ? dir / key : dir / (key + ".py"), s.folder};
     if (!s.folder) fs::rename(dir / "solution.py", e.path);
     r.jobs.push_back({it->second, e, {}, s.folder ? "model_new.py" : key + ".py"});
   }
+  b->subs = std::move(subs);
+  b->answered.assign(b->subs.size(), false);
+  b->open = b->subs.size();
+  b->n = n;
+  return b;
+}
+
+void Engine::build_loop() {
+  for (std::uint64_t n = 0;; ++n) {
+    auto subs = next_batch();
+    if (subs.empty()) return;
+    std::unique_ptr<Batch> b;
+    try {
+      b = make_batch(subs, n);
+      b->t0 = Clock::now();
+      b->run->build(compile_.get());
+      b->built = Clock::now();
+    } catch (const std::exception& e) {
+      spdlog::error("a batch of {} evaluation(s) failed in the service: {}", subs.size(), e.what());
+      for (auto& p : subs) finish(p, environment_failure("judge_error", e.what()));
+      continue;
+    }
+    {
+      std::lock_guard<std::mutex> l(m_);
+      built_.push_back(b.get());
+      batches_.push_back(std::move(b));
+    }
+    cv_built_.notify_one();
+  }
+}
+
+void Engine::judge_loop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> l(m_);
+      cv_built_.wait(l, [&] { return stopping_ || !built_.empty() || !baseline_todo_.empty() || !alone_.empty(); });
+      if (stopping_) return;
+    }
+    std::vector<Work> feed;
+    try {
+      judge_->run_fed([&] { return take_work(feed); }, [&](WorkerResult&& r) { judged(feed[r.index], std::move(r)); },
+                      true);
+    } catch (const std::exception& e) {
+      // The pool itself failed (its workers cannot start): what it held is the environment's.
+      spdlog::error("the judge pool failed: {}", e.what());
+      fail_handed_out(e.what());
+    }
+    run_alone();
+    reap();
+  }
+}
+
+void Engine::fail_handed_out(const std::string& why) {
+  std::vector<Batch*> handed;
+  {
+    std::lock_guard<std::mutex> l(m_);
+    for (auto& b : batches_)
+      if (b->handed && !b->retired) handed.push_back(b.get());
+  }
+  for (Batch* b : handed)
+    for (std::size_t i = 0; i < b->subs.size(); ++i)
+      if (!b->answered[i]) complete(b, i, environment_failure("judge_error", why));
+  waiting_.clear();
+  baseline_todo_.clear();
+  alone_.clear();
+  in_flight_ = 0;
+}
+
+// Batches whose every answer has left. Only the judge thread (or stop(), once it has ended) frees
+// them: the works it holds point into them until their answers are given.
+void Engine::reap() {
+  std::lock_guard<std::mutex> l(m_);
+  batches_.remove_if([](const std::unique_ptr<Batch>& b) { return b->retired; });
+}
+
+// Called by the pool whenever a worker may be idle: jobs of built batches (those that failed
+// their build are answered here), then baselines that answers wait for. Nothing while a verdict
+// of memory waits to be judged alone: the pool drains, and run_alone has the devices to itself.
+std::vector<json> Engine::take_work(std::vector<Work>& feed) {
+  std::vector<json> reqs;
+  // A long stretch of work without a pause would grow the feed without end: past this many
+  // requests the pool drains and the next run_fed starts a new one.
+  if (!alone_.empty() || feed.size() >= kMaxFeed) return reqs;
+  reap();
+  std::deque<Batch*> got;
+  {
+    std::lock_guard<std::mutex> l(m_);
+    if (stopping_) return reqs;
+    got.swap(built_);
+    for (Batch* b : got) b->handed = true;
+  }
+  for (Batch* b : got)
+    for (std::size_t i = 0; i < b->run->jobs.size(); ++i) {
+      Job& j = b->run->jobs[i];
+      if (j.done) {  // its build failed: answered now
+        complete(b, i);
+        continue;
+      }
+      feed.push_back({b, i, "", ++in_flight_});
+      reqs.push_back(b->run->solution_request(j, b->run->seed));
+    }
+  for (; !baseline_todo_.empty(); baseline_todo_.pop_front()) {
+    auto& [b, hash] = baseline_todo_.front();
+    const Run& r = *b->run;  // the first job that waits for them: its batch, its task's code
+    feed.push_back({b, 0, hash, ++in_flight_});
+    reqs.push_back(r.baseline_request(r.tasks[r.jobs[waiting_[hash].front().second].task].code));
+  }
+  return reqs;
+}
+
+void Engine::judged(const Work& w, WorkerResult&& r) {
+  std::size_t was_in_flight = in_flight_--;
+  if (!w.hash.empty()) {  // baselines: every answer that waited for them goes
+    auto waiters = std::move(waiting_[w.hash]);
+    waiting_.erase(w.hash);
+    Run& first = *waiters.front().first->run;
+    std::string code_hash = w.hash.substr(0, w.hash.find('|'));
+    auto entry = first.baseline_entry(r, *db_, code_hash);
+    bases_[w.hash] = entry;
+    for (auto& [b, job] : waiters) {
+      if (entry) b->run->base[code_hash] = *entry;
+      complete(b, job);
+    }
+    return;
+  }
+  Job& j = w.b->run->jobs[w.job];
+  j.row = w.b->run->judged_row(j, r);
+  j.done = true;
+  bool sharing = std::max(w.in_flight, was_in_flight) > static_cast<std::size_t>(devices_);
+  if (sharing && memory_verdict(j.row)) {
+    alone_.push_back({w.b, w.job});
+    return;
+  }
+  settle(w.b, w.job);
+}
+
+// A judged job's answer, once the baselines of its task are known when it needs them (timed and
+// correct): from this service's memory, the baseline cache, or a request every such job waits for.
+void Engine::settle(Batch* b, std::size_t job) {
+  Run& r = *b->run;
+  const Job& j = r.jobs[job];
+  if (r.o.untimed || !j.row.value("correct", false)) return complete(b, job);
+  std::string code_hash = xxh3_hex(r.tasks[j.task].code), key = code_hash + "|" + r.device_key;
+  if (!bases_.count(key))
+    if (auto c = db_->get(code_hash, r.device_key)) bases_[key] = std::move(*c);
+  if (auto it = bases_.find(key); it != bases_.end()) {
+    if (it->second) r.base[code_hash] = *it->second;
+    return complete(b, job);
+  }
+  auto& waiters = waiting_[key];
+  waiters.push_back({b, job});
+  if (waiters.size() == 1) baseline_todo_.push_back({b, key});
+}
+
+void log_batch(const std::map<std::string, json>& rows, std::size_t tasks, double build_s, double last_s);
+
+void Engine::complete(Batch* b, std::size_t job, std::optional<json> failure) {
+  Job& j = b->run->jobs[job];
+  json row = failure ? *failure : b->run->row(j);
+  if (failure) row["solution"] = j.sol.key;
+  b->rows[j.sol.key] = row;
+  b->answered[job] = true;
+  finish(b->subs[job], failure ? *failure : answer(row, b->subs[job]->sub));
+  if (--b->open) return;
+  log_batch(b->rows, b->run->tasks.size(), seconds(b->built - b->t0), seconds(Clock::now() - b->built));
+  std::error_code ec;  // a folder left behind is only litter
+  for (auto& jb : b->run->jobs) {
+    if (!jb.work.empty()) fs::remove_all(jb.work, ec);
+    fs::remove_all(base_.out / "submissions" / jb.sol.key, ec);
+  }
+  std::lock_guard<std::mutex> l(m_);
+  b->retired = true;
+}
+
+// Verdicts of memory made while judge workers shared a device, judged again one at a time with
+// nothing else on any device (the pool has drained: take_work gave nothing while they waited).
+// Bounded like eval's: as long as the shared judging since the last such pass (60 s at least).
+void Engine::run_alone() {
+  if (alone_.empty()) return;
+  double budget_s = std::max(60.0, seconds(Clock::now() - shared_since_));
+  spdlog::warn("{} solution(s) ran out of memory while {} judge workers shared the {}: judging each again alone",
+               alone_.size(), judges_, base_.device == "cuda" ? "GPUs" : "machine");
   auto t0 = Clock::now();
-  r.build(compile_.get());
-  auto t1 = Clock::now();
-  r.evaluate(*judge_, judges_);
-  auto t2 = Clock::now();
-  r.baselines(*judge_);
-  std::map<std::string, json> by_key;
-  for (auto& row : r.rows()) by_key[row["solution"].get<std::string>()] = row;
-  log_batch(by_key, r.tasks.size(), {seconds(t1 - t0), seconds(t2 - t1), seconds(Clock::now() - t2)});
-  for (std::size_t i = 0; i < batch.size(); ++i) finish(batch[i], answer(by_key.at(fmt::format("s{}", i)), batch[i]->sub));
+  auto again = std::move(alone_);
+  alone_.clear();
+  for (auto& [b, job] : again) {
+    try {
+      b->run->judge_again_alone(*judge_, b->run->jobs[job], seconds(Clock::now() - t0) < budget_s, budget_s);
+    } catch (const std::exception& e) {
+      complete(b, job, environment_failure("judge_error", e.what()));
+      continue;
+    }
+    settle(b, job);
+  }
+  shared_since_ = Clock::now();
+}
+
+// Where a batch's time went, one line on stderr once its last answer has left: the build, then
+// the time to its last answer, and the slowest answers' own figures (child ready, load, checks).
+void log_batch(const std::map<std::string, json>& rows, std::size_t tasks, double build_s, double last_s) {
+  std::vector<std::pair<double, std::string>> slow;
+  for (auto& [key, row] : rows) {
+    double d = row.value("dispatch_s", json(0.0)).is_number() ? row["dispatch_s"].get<double>() : 0.0;
+    double c = row.contains("phase_s") && row["phase_s"].is_object() ? row["phase_s"].value("checks", 0.0) : 0.0;
+    std::string reason = row.value("reason", json()).is_string() ? row["reason"].get<std::string>() : "correct";
+    slow.emplace_back(d + c, fmt::format("{} {} (dispatch {:.1f} s, checks {:.1f} s)", key, reason, d, c));
+  }
+  std::sort(slow.rbegin(), slow.rend());
+  std::string top;
+  for (std::size_t i = 0; i < std::min<std::size_t>(3, slow.size()); ++i) top += (i ? "; " : "") + slow[i].second;
+  spdlog::info("batch of {} answer(s) over {} task(s): build {:.1f} s, last answer {:.1f} s after it; slowest: {}",
+               rows.size(), tasks, build_s, last_s, top);
 }
 
 json Engine::answer(const json& row, const Submission& s) const {
@@ -442,6 +680,7 @@ void Engine::finish(const std::shared_ptr<Pending>& p, json a) {
   {
     std::lock_guard<std::mutex> l(m_);
     inflight_.erase(p->sub.key);
+    if (running_ > 0) --running_;
     if (!a.value("retryable", false)) {
       if (cache_.size() >= o_.result_cache) cache_.clear();  // a bound, not an LRU: verdicts are cheap to redo
       cache_[p->sub.key] = a;

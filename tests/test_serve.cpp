@@ -152,6 +152,44 @@ TEST(Serve, JudgesABatchOnceAndAnswersRepeatsFromTheCache) {
   EXPECT_EQ(s.get("/metrics")["counts"]["evaluated"], 3);
 }
 
+// Answers leave one by one: an honest answer sent beside a hang (same moment, most likely the
+// same batch) comes back while the hang still runs, and the hang is then `timeout`. (Batches that
+// answered together made every answer wait for the slowest, up to --timeout-s.)
+TEST(Serve, AnAnswerDoesNotWaitForASlowerOne) {
+  Server s({"-j", "2", "--timeout-s", "30"});
+  json hang = solution("linear_relu", test::fixtures() / "serve" / "hang.py");
+  json honest = solution("linear_relu", eval_fx() / "solutions" / "linear_relu.py");
+  auto slow = std::async(std::launch::async, [&] { return s.post("/v1/evaluate", hang); });
+  auto fast = std::async(std::launch::async, [&] { return s.post("/v1/evaluate", honest); });
+  auto [st, a] = fast.get();
+  ASSERT_EQ(st, 200) << s.log();
+  EXPECT_GE(a["reward"].get<int>(), 1) << a.dump();
+  EXPECT_EQ(slow.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
+      << "the honest answer waited for the hang: " << s.log();
+  auto [st2, h] = slow.get();
+  ASSERT_EQ(st2, 200) << s.log();
+  EXPECT_EQ(h["reason"], "timeout") << h.dump();
+  EXPECT_EQ(h["reward"], -1);
+}
+
+// As in eval: a verdict of memory made while the two judge workers shared the machine (the hog
+// handed out while the honest answer was in flight) is judged again alone before it is answered.
+TEST(Serve, AVerdictOfMemoryMadeBesideAnotherIsJudgedAgainAlone) {
+  Server s({"-j", "2", "--child-memory-mb", "2048", "--untimed", "--policy", "torch-allowed"});
+  json honest = solution("linear_relu", eval_fx() / "solutions" / "linear_relu.py");
+  json hog = solution("linear_relu", eval_fx() / "adaptive" / "memory_hog.py");
+  auto [st, b] = s.post("/v1/evaluate_batch", {{"requests", {honest, hog}}});
+  ASSERT_EQ(st, 200) << s.log();
+  json h = b["results"][1];
+  EXPECT_EQ(h["reward"], -1) << h.dump(2);
+  EXPECT_EQ(h["reason"], "out_of_memory") << h.dump(2);
+  ASSERT_TRUE(h.contains("attempts")) << h.dump(2);
+  EXPECT_EQ(h["attempts"][0]["how"], "shared");
+  EXPECT_EQ(h["attempts"][1]["how"], "alone");
+  EXPECT_EQ(b["results"][0]["reward"], 1) << b["results"][0].dump(2);
+  EXPECT_NE(s.log().find("judging each again alone"), std::string::npos) << s.log();
+}
+
 // A bounded load (tests/python/serve_load.py): 200 requests from 16 clients, four distinct
 // evaluations (honest, hack, two hangs) into a queue of 3, then bad requests, unknown tasks,
 // repeats and health checks. No request is lost; each hang is `timeout`, answered within what the

@@ -10,6 +10,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -223,7 +224,7 @@ void WorkerPool::run(const std::vector<nlohmann::json>& requests,
 }
 
 void WorkerPool::run_fed(const std::function<std::vector<nlohmann::json>()>& more,
-                         const std::function<void(WorkerResult&&)>& on_result) {
+                         const std::function<void(WorkerResult&&)>& on_result, bool ask_when_idle) {
   std::vector<nlohmann::json> requests;
   std::deque<std::size_t> pending;
   std::size_t done = 0;
@@ -318,8 +319,13 @@ void WorkerPool::run_fed(const std::function<std::vector<nlohmann::json>()>& mor
     return true;
   };
 
+  auto idle_worker = [&] {
+    return std::any_of(workers_.begin(), workers_.end(), [](const auto& w) {
+      return w->state == Worker::State::idle || w->state == Worker::State::dead;
+    });
+  };
   for (;;) {
-    if (ask && pending.empty()) {
+    if (pending.empty() && (ask || (ask_when_idle && idle_worker()))) {
       ask = false;
       for (auto& req : more()) {
         pending.push_back(requests.size());
@@ -342,7 +348,9 @@ void WorkerPool::run_fed(const std::function<std::vector<nlohmann::json>()>& mor
         w.deadline = w.started + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout));
         w.state = Worker::State::busy;
         w.err_tail.clear();
-        if (!write_all(w.in_fd, req.dump() + "\n")) {
+        bool sent = write_all(w.in_fd, req.dump() + "\n");
+        requests[i] = nullptr;  // sent: a long-fed run (opforge serve) keeps only its count
+        if (!sent) {
           kill_worker(w, Outcome::worker_crash, fmt::format("could not send the request: {}", std::strerror(errno)));
         }
       }

@@ -65,8 +65,11 @@ class WorkerPool {
   // The same for work handed out as it is claimed (the filter's leases): `more` is asked for
   // requests at the start and whenever a result leaves none waiting; their indices continue those
   // handed out before. Returns when `more` gives none and no request is in flight.
+  // ask_when_idle: `more` is also asked (at most every 100 ms) while a worker is idle, so work
+  // that arrives from another thread (`opforge serve`'s submissions) starts without waiting for
+  // a request in flight to finish; `more` must then not block.
   void run_fed(const std::function<std::vector<nlohmann::json>()>& more,
-               const std::function<void(WorkerResult&&)>& on_result);
+               const std::function<void(WorkerResult&&)>& on_result, bool ask_when_idle = false);
   // One request, synchronously.
   WorkerResult call(const nlohmann::json& request);
 
