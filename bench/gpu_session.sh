@@ -222,13 +222,17 @@ case $step in
     [ -f /tmp/lws/export/manifest.json ] || $B export --workspace /tmp/lws --out /tmp/lws/export \
       --test-fraction 0.35 --no-plots --no-realism > /tmp/lws_export.log 2>&1
     lt=${LEARN_TIMEOUT:-540}
-    # The judge gets judge_j's workers on the one GPU (LEARN_JUDGE; the driver makes it untimed):
-    # with serve's default of one per GPU the SFT eval of 114 answers outlasted a 420 s call.
+    # The judge gets one worker per 12 GB of GPU 0 left after the three PPO seeds that run side by
+    # side (--parallel-seeds, ~10 GB each at most: peak_mem_gib 10.3 on the H200), at least 2
+    # (LEARN_JUDGE; the driver makes it untimed): with serve's default of one per GPU the SFT eval
+    # of 114 answers outlasted a 420 s call.
+    mb=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2> /dev/null | head -1)
+    lj=$(( (${mb:-80000} - 30000) / 12000 )); [ "$lj" -ge 2 ] || lj=2
     # LEARN_ARGS: more options (e.g. "--bf16 --ppo-steps 30"); options a finished unit depends on
     # must stay the same across the calls of one run (the driver refuses a mismatch).
     CUDA_VISIBLE_DEVICES=0 timeout "$lt" $P bench/learning_run.py --corpus /tmp/lws/export --device cuda --out /tmp/lr \
       --opforge "$B" --stop-after-s $((lt - 45)) --time-budget-s "${LEARN_BUDGET:-1200}" --verify "${LEARN_VERIFY:-0}" \
-      --judge-arg "${LEARN_JUDGE:-$(judge_j)}" ${LEARN_ARGS:---test-tasks 100 --ppo-batch 8 --eval-every 2 --sft-share 0.3 --ppo-lr 5e-5 --ppo-critic-lr 1e-4} > "$OUT/learning.txt" 2>&1
+      --judge-arg "${LEARN_JUDGE:--j $lj}" ${LEARN_ARGS:---test-tasks 100 --ppo-batch 8 --eval-every 2 --sft-share 0.3 --ppo-lr 5e-5 --ppo-critic-lr 1e-4 --parallel-seeds} > "$OUT/learning.txt" 2>&1
     echo "learning run rc $? (0: done, 3: partial, call again; 124: timeout)" >> "$OUT/learning.txt"
     resolve_stacks /tmp/lr/*.log >> "$OUT/learning.txt"
     cp /tmp/lr/results.json /tmp/lr/summary.md /tmp/lr/learning_run.png "$OUT"/ 2> /dev/null

@@ -34,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -76,16 +77,42 @@ def die_with_parent():
     _LIBC.prctl(1, signal.SIGTERM)
 
 
+# The commands running now (seeds run side by side with --parallel-seeds): a call that stops ends
+# them, as subprocess.run ends its child when the main thread is interrupted.
+CHILDREN, CHILDREN_LOCK = set(), threading.Lock()
+STOPPING = threading.Event()
+
+
+def stop_children():
+    STOPPING.set()
+    with CHILDREN_LOCK:
+        for p in CHILDREN:
+            p.terminate()
+
+
 def sh(args, capture=True, logfile=None, timeout=None):
     """Runs an opforge command; its stderr goes to `logfile` (appended); returns stdout."""
     log("$ " + " ".join(args))
     err = open(logfile, "a") if logfile else None
     try:
-        r = subprocess.run(args, stdout=subprocess.PIPE if capture else None, stderr=err or None, text=True,
-                           timeout=timeout, cwd=ROOT, preexec_fn=die_with_parent)
+        with subprocess.Popen(args, stdout=subprocess.PIPE if capture else None, stderr=err or None, text=True,
+                              cwd=ROOT, preexec_fn=die_with_parent) as proc:
+            with CHILDREN_LOCK:
+                CHILDREN.add(proc)
+            try:
+                out, _ = proc.communicate(timeout=timeout)
+            except BaseException:
+                proc.kill()
+                raise
+            finally:
+                with CHILDREN_LOCK:
+                    CHILDREN.discard(proc)
+        r = subprocess.CompletedProcess(args, proc.returncode, out)
     finally:
         if err:
             err.close()
+    if STOPPING.is_set():
+        raise Stop("the call is stopping")
     if r.returncode != 0:
         tail = ""
         if logfile and os.path.exists(logfile):
@@ -148,22 +175,28 @@ class Run:
         self.units = 0  # finished by this call: the first always runs, so every call gets somewhere
         self.stopped = None
         self.judge, self.judge_url = None, None
+        # Seeds run in threads with --parallel-seeds: the state is changed and written under it.
+        self.lock = threading.RLock()
 
     def save(self):
-        write_json(self.path, self.state)
+        with self.lock:
+            write_json(self.path, self.state)
 
     def est(self, kind):
         return self.state.get("estimates", {}).get(kind)
 
     def finished(self, kind=None, seconds=None):
         """A unit is done: its time is the estimate of the next of its kind; state saved."""
-        if kind:
-            self.state.setdefault("estimates", {})[kind] = round(seconds, 1)
-        self.units += 1
-        self.save()
+        with self.lock:
+            if kind:
+                self.state.setdefault("estimates", {})[kind] = round(seconds, 1)
+            self.units += 1
+            self.save()
 
     def may_start(self, what, est=None):
         """Raises Stop when this call should end before `what` (--stop-after-s)."""
+        if STOPPING.is_set():
+            raise Stop(f"the call is stopping before {what}")
         cap = self.args.stop_after_s
         if not cap:
             return
@@ -489,8 +522,12 @@ def start_judge(run, tasks):
 def judge_options(args):
     """serve's options past tasks, port, policy and batch. Untimed unless --timed-judge: a correct
     answer here is a copy of its task, so a 2 or 3 would be timing noise, and the baselines of the
-    first 29 test tasks took the H200's judge 268 s (evaluator/README.md, --untimed)."""
-    return ([] if args.timed_judge else ["--untimed"]) + [x for a in args.judge_arg or [] for x in a.split()]
+    first 29 test tasks took the H200's judge 268 s (evaluator/README.md, --untimed). Each request
+    to an answer's child is bounded by 120 s unless --judge-arg sets --timeout-s: a copy of a task
+    runs in milliseconds, and serve's 600 s would let one looping answer hold an eval ten minutes."""
+    extra = [x for a in args.judge_arg or [] for x in a.split()]
+    bound = [] if "--timeout-s" in extra else ["--timeout-s", "120"]
+    return ([] if args.timed_judge else ["--untimed"]) + bound + extra
 
 
 def judge_args(run):
@@ -538,11 +575,12 @@ def run_ppo_seed(run, actor0, train_tasks, test_tasks, seed, share_s):
     """PPO from the SFT model in chunks of eval_every steps, an eval of the actor after each. The
     seed's deadline (in run time) is fixed when it starts, so a resumed seed keeps its share."""
     args, cfg, d = run.args, run.cfg, os.path.join(run.out, f"ppo_seed{seed}")
-    ps = run.state.setdefault("ppo", {}).get(str(seed))
-    if ps is None:
-        ps = run.state["ppo"][str(seed)] = {"deadline_s": round(run.clock.spent() + share_s, 1), "trained_to": 0,
-                                            "chunk_s": None, "eval": [], "done": None}
-        run.save()
+    with run.lock:
+        ps = run.state.setdefault("ppo", {}).get(str(seed))
+        if ps is None:
+            ps = run.state["ppo"][str(seed)] = {"deadline_s": round(run.clock.spent() + share_s, 1), "trained_to": 0,
+                                                "chunk_s": None, "eval": [], "done": None, "train_s": None}
+            run.save()
     for p in ps["eval"]:
         log(f"skip ppo seed {seed} step {p['step']} (chunk and eval): done in an earlier call")
     while not ps["done"]:
@@ -552,9 +590,11 @@ def run_ppo_seed(run, actor0, train_tasks, test_tasks, seed, share_s):
             t = time.time()
             res = run_eval(run, os.path.join(d, "actor"), test_tasks,
                            os.path.join(run.out, f"eval_seed{seed}_step{step}.jsonl"))
-            ps["eval"].append({"step": step, **{k: res.get(k) for k in POINT_KEYS}})
-            ps["chunk_s"] = round((ps.pop("train_s", 0) or 0) + time.time() - t, 1)
-            run.finished("eval", time.time() - t)
+            with run.lock:
+                ps["eval"].append({"step": step, **{k: res.get(k) for k in POINT_KEYS}})
+                ps["chunk_s"] = round((ps.get("train_s") or 0) + time.time() - t, 1)
+                ps["train_s"] = None
+                run.finished("eval", time.time() - t)
             write_report(run)
             continue
         if step >= cfg["ppo_steps"]:
@@ -578,8 +618,9 @@ def run_ppo_chunk(run, actor0, train_tasks, d, seed, ps, step):
         str(args.kl_coef), "--seed", str(seed), "--device", args.device, "--ppo-epochs", str(cfg["ppo_epochs"]),
         "--mini-batch", str(cfg["ppo_mini_batch"])] + (["--bf16"] if args.bf16 else [])
        + judge_args(run), logfile=d + ".log")
-    ps["trained_to"], ps["train_s"] = step, round(time.time() - t, 1)
-    run.finished("ppo_chunk", time.time() - t)
+    with run.lock:
+        ps["trained_to"], ps["train_s"] = step, round(time.time() - t, 1)
+        run.finished("ppo_chunk", time.time() - t)
 
 
 def drop_units_without_checkpoints(run):
@@ -612,9 +653,46 @@ def run_stages(run, model_dir, sft_train, sft_val, train_tasks, test_tasks, seed
     run.unit("sft_eval", lambda: run_eval(run, sft_model, test_tasks, os.path.join(run.out, "eval_sft.jsonl")),
              kind="eval")
     write_report(run)
+    if run.args.parallel_seeds and len(seeds) > 1:
+        return run_seeds_together(run, sft_model, train_tasks, test_tasks, seeds)
     for i, seed in enumerate(seeds):
         left = run.args.time_budget_s - run.clock.spent()
         run_ppo_seed(run, sft_model, train_tasks, test_tasks, seed, left / (len(seeds) - i))
+
+
+def run_seeds_together(run, sft_model, train_tasks, test_tasks, seeds):
+    """--parallel-seeds: every seed's chunks and evals in a thread of its own, all on one GPU and
+    one judge, each with the whole remaining budget. The judge answers each answer as it is judged
+    (evaluator/README.md, serve), so one seed's slow answers hold up no other seed: the GPU trains
+    and generates while the judge checks. A seed that would pass --stop-after-s stops alone (the
+    others finish the units they are in); SIGTERM or an error ends every seed's command at once.
+    Each keeps what it finished."""
+    judge_args(run)  # one judge, started before the threads
+    left = run.args.time_budget_s - run.clock.spent()
+    errors = []
+
+    def one(seed):
+        try:
+            run_ppo_seed(run, sft_model, train_tasks, test_tasks, seed, left)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            errors.append(e)
+            if not isinstance(e, Stop):
+                stop_children()
+
+    threads = [threading.Thread(target=one, args=(seed,), name=f"seed{seed}") for seed in seeds]
+    for t in threads:
+        t.start()
+    try:
+        while any(t.is_alive() for t in threads):
+            time.sleep(0.5)  # the main thread stays where SIGTERM's Stop can reach it
+    except BaseException:
+        stop_children()
+        for t in threads:
+            t.join()
+        raise
+    others = [e for e in errors if not isinstance(e, Stop)]
+    if others or errors:
+        raise (others or errors)[0]
 
 
 # ---------------------------------------------------------------- report
@@ -648,9 +726,10 @@ def results(run):
 def write_report(run):
     """results.json, summary.md and the plot with what is done so far (after each eval point, so a
     SIGKILLed call still leaves them)."""
-    res = results(run)
-    write_json(os.path.join(run.out, "results.json"), res)
-    return report(res, run.out)
+    with run.lock:
+        res = results(run)
+        write_json(os.path.join(run.out, "results.json"), res)
+        return report(res, run.out)
 
 
 def stat(seeds, step, key):
@@ -774,6 +853,9 @@ def parse_args():
     ap.add_argument("--judge-per-command", action="store_true",
                     help="let every train eval/ppo start its own judge (default: one opforge serve a call)")
     ap.add_argument("--bf16", action="store_true", help="pass --bf16 to sft and ppo (CUDA)")
+    ap.add_argument("--parallel-seeds", action="store_true",
+                    help="run the PPO seeds side by side (threads; one GPU, one judge), each with the whole "
+                         "remaining budget, instead of one after another with a share each")
     ap.add_argument("--copy-db", nargs="*", default=COPY_DBS,
                     help="workspace databases (.db or .db.gz) whose candidate tasks add SFT records (copy_records)")
     ap.add_argument("--copy-records", type=int, default=None,

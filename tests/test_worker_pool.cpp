@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <chrono>
+
 #include "opforge/core/error.h"
 #include "opforge/core/worker_pool.h"
 #include "test_support.h"
@@ -129,4 +131,25 @@ TEST(WorkerPool, FedWorkKeepsEachAnswerWithItsRequestThroughCrashesAndHangs) {
     EXPECT_TRUE(results[i].reply["result"]["ok"].get<bool>()) << results[i].reply.dump();
   }
   EXPECT_EQ(results[3].reply["result"]["outputs"][0]["shape"], json({4, 4}));
+}
+
+// With ask_when_idle (opforge serve's judge thread) work that arrives while a request runs starts
+// on the idle worker at once: the late request is answered while the hang is still in flight.
+TEST(WorkerPool, FedWorkArrivingLaterStartsOnAnIdleWorker) {
+  WorkerPool pool(options(2));
+  auto t0 = std::chrono::steady_clock::now();
+  int handed = 0;
+  std::vector<std::size_t> order;
+  pool.run_fed(
+      [&]() -> std::vector<json> {
+        if (handed == 0) return ++handed, std::vector<json>{probe("hang.py", 10)};
+        // The second request "arrives" half a second later, from the caller's point of view.
+        if (handed == 1 && std::chrono::steady_clock::now() - t0 > std::chrono::milliseconds(500))
+          return ++handed, std::vector<json>{probe("good_relu.py")};
+        return {};
+      },
+      [&](WorkerResult&& r) { order.push_back(r.index); }, true);
+  ASSERT_EQ(order.size(), 2u);
+  EXPECT_EQ(order[0], 1u) << "the late request waited for the hang";
+  EXPECT_EQ(order[1], 0u);
 }
