@@ -518,8 +518,9 @@ void Engine::reap() {
   batches_.remove_if([](const std::unique_ptr<Batch>& b) { return b->retired; });
 }
 
-// Called by the pool whenever a worker may be idle: jobs of built batches (those that failed
-// their build are answered here), then baselines that answers wait for. Nothing while a verdict
+// Called by the pool at every turn while nothing waits in it (100 ms at most): jobs of built
+// batches (those that failed their build are answered here, at once), then baselines that
+// answers wait for. Nothing while a verdict
 // of memory waits to be judged alone: the pool drains, and run_alone has the devices to itself.
 std::vector<json> Engine::take_work(std::vector<Work>& feed) {
   std::vector<json> reqs;

@@ -133,8 +133,8 @@ TEST(WorkerPool, FedWorkKeepsEachAnswerWithItsRequestThroughCrashesAndHangs) {
   EXPECT_EQ(results[3].reply["result"]["outputs"][0]["shape"], json({4, 4}));
 }
 
-// With ask_when_idle (opforge serve's judge thread) work that arrives while a request runs starts
-// on the idle worker at once: the late request is answered while the hang is still in flight.
+// With poll_more (opforge serve's judge thread) work that arrives while a request runs starts on
+// the idle worker at once: the late request is answered while the hang is still in flight.
 TEST(WorkerPool, FedWorkArrivingLaterStartsOnAnIdleWorker) {
   WorkerPool pool(options(2));
   auto t0 = std::chrono::steady_clock::now();

@@ -10,7 +10,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -224,7 +223,7 @@ void WorkerPool::run(const std::vector<nlohmann::json>& requests,
 }
 
 void WorkerPool::run_fed(const std::function<std::vector<nlohmann::json>()>& more,
-                         const std::function<void(WorkerResult&&)>& on_result, bool ask_when_idle) {
+                         const std::function<void(WorkerResult&&)>& on_result, bool poll_more) {
   std::vector<nlohmann::json> requests;
   std::deque<std::size_t> pending;
   std::size_t done = 0;
@@ -319,13 +318,8 @@ void WorkerPool::run_fed(const std::function<std::vector<nlohmann::json>()>& mor
     return true;
   };
 
-  auto idle_worker = [&] {
-    return std::any_of(workers_.begin(), workers_.end(), [](const auto& w) {
-      return w->state == Worker::State::idle || w->state == Worker::State::dead;
-    });
-  };
   for (;;) {
-    if (pending.empty() && (ask || (ask_when_idle && idle_worker()))) {
+    if (pending.empty() && (ask || poll_more)) {
       ask = false;
       for (auto& req : more()) {
         pending.push_back(requests.size());

@@ -65,11 +65,12 @@ class WorkerPool {
   // The same for work handed out as it is claimed (the filter's leases): `more` is asked for
   // requests at the start and whenever a result leaves none waiting; their indices continue those
   // handed out before. Returns when `more` gives none and no request is in flight.
-  // ask_when_idle: `more` is also asked (at most every 100 ms) while a worker is idle, so work
-  // that arrives from another thread (`opforge serve`'s submissions) starts without waiting for
-  // a request in flight to finish; `more` must then not block.
+  // poll_more: `more` is also asked at every turn of the loop (at most every 100 ms) while no
+  // request waits, so work that arrives from another thread (`opforge serve`'s submissions) is
+  // taken at once and starts on the first idle worker, not after a request in flight has
+  // finished; `more` must then not block.
   void run_fed(const std::function<std::vector<nlohmann::json>()>& more,
-               const std::function<void(WorkerResult&&)>& on_result, bool ask_when_idle = false);
+               const std::function<void(WorkerResult&&)>& on_result, bool poll_more = false);
   // One request, synchronously.
   WorkerResult call(const nlohmann::json& request);
 
