@@ -211,9 +211,11 @@ class Run:
             return self.state[key]
         self.may_start(key, self.est(kind) if kind else None)
         t = time.time()
-        self.state[key] = fn()
-        self.finished(kind, time.time() - t)
-        return self.state[key]
+        value = fn()
+        with self.lock:
+            self.state[key] = value
+            self.finished(kind, time.time() - t)
+        return value
 
 
 # ---------------------------------------------------------------- corpus
@@ -650,36 +652,43 @@ def drop_units_without_checkpoints(run):
 
 def run_stages(run, model_dir, sft_train, sft_val, train_tasks, test_tasks, seeds):
     sft_model = run_sft(run, model_dir, sft_train, sft_val)
-    run.unit("sft_eval", lambda: run_eval(run, sft_model, test_tasks, os.path.join(run.out, "eval_sft.jsonl")),
-             kind="eval")
-    write_report(run)
-    if run.args.parallel_seeds and len(seeds) > 1:
-        return run_seeds_together(run, sft_model, train_tasks, test_tasks, seeds)
+
+    def sft_eval():
+        run.unit("sft_eval", lambda: run_eval(run, sft_model, test_tasks, os.path.join(run.out, "eval_sft.jsonl")),
+                 kind="eval")
+        write_report(run)
+
+    if run.args.parallel_seeds:
+        left = run.args.time_budget_s - run.clock.spent()
+        return run_together(run, {"sft_eval": sft_eval, **{
+            f"seed{seed}": functools.partial(run_ppo_seed, run, sft_model, train_tasks, test_tasks, seed, left)
+            for seed in seeds}})
+    sft_eval()
     for i, seed in enumerate(seeds):
         left = run.args.time_budget_s - run.clock.spent()
         run_ppo_seed(run, sft_model, train_tasks, test_tasks, seed, left / (len(seeds) - i))
 
 
-def run_seeds_together(run, sft_model, train_tasks, test_tasks, seeds):
-    """--parallel-seeds: every seed's chunks and evals in a thread of its own, all on one GPU and
-    one judge, each with the whole remaining budget. The judge answers each answer as it is judged
-    (evaluator/README.md, serve), so one seed's slow answers hold up no other seed: the GPU trains
-    and generates while the judge checks. A seed that would pass --stop-after-s stops alone (the
-    others finish the units they are in); SIGTERM or an error ends every seed's command at once.
-    Each keeps what it finished."""
+def run_together(run, units):
+    """--parallel-seeds: the SFT eval and every seed's chunks and evals, each in a thread of its
+    own, all on one GPU and one judge, each seed with the whole remaining budget (PPO starts from
+    the SFT model, so nothing waits for the SFT eval). The judge answers each answer as it is
+    judged (evaluator/README.md, serve), so one eval's slow answers hold up no other unit: the GPU
+    trains and generates while the judge checks. A thread that would pass --stop-after-s stops
+    alone (the others finish the units they are in); SIGTERM or an error ends every thread's
+    command at once. Each keeps what it finished."""
     judge_args(run)  # one judge, started before the threads
-    left = run.args.time_budget_s - run.clock.spent()
     errors = []
 
-    def one(seed):
+    def one(fn):
         try:
-            run_ppo_seed(run, sft_model, train_tasks, test_tasks, seed, left)
+            fn()
         except BaseException as e:  # noqa: BLE001 - handed to the main thread
             errors.append(e)
             if not isinstance(e, Stop):
                 stop_children()
 
-    threads = [threading.Thread(target=one, args=(seed,), name=f"seed{seed}") for seed in seeds]
+    threads = [threading.Thread(target=one, args=(fn,), name=name) for name, fn in units.items()]
     for t in threads:
         t.start()
     try:
@@ -854,8 +863,8 @@ def parse_args():
                     help="let every train eval/ppo start its own judge (default: one opforge serve a call)")
     ap.add_argument("--bf16", action="store_true", help="pass --bf16 to sft and ppo (CUDA)")
     ap.add_argument("--parallel-seeds", action="store_true",
-                    help="run the PPO seeds side by side (threads; one GPU, one judge), each with the whole "
-                         "remaining budget, instead of one after another with a share each")
+                    help="run the SFT eval and the PPO seeds side by side (threads; one GPU, one judge), each "
+                         "seed with the whole remaining budget, instead of one after another with a share each")
     ap.add_argument("--copy-db", nargs="*", default=COPY_DBS,
                     help="workspace databases (.db or .db.gz) whose candidate tasks add SFT records (copy_records)")
     ap.add_argument("--copy-records", type=int, default=None,
