@@ -264,6 +264,7 @@ class Engine {
   void judge_loop();
   std::vector<json> take_work(std::vector<Work>& feed);
   void judged(const Work& w, WorkerResult&& r);
+  void judged_safely(const Work& w, WorkerResult&& r);
   void settle(Batch* b, std::size_t job);
   void complete(Batch* b, std::size_t job, std::optional<json> failure = std::nullopt);
   void fail_handed_out(const std::string& why);
@@ -292,7 +293,7 @@ class Engine {
   std::mt19937_64 rng_{std::random_device{}()};
   // The judge thread's own.
   std::unique_ptr<BaselineCache> db_;
-  std::map<std::string, std::optional<json>> bases_;  // "hash|device key" -> baselines (nullopt: none measured)
+  std::map<std::string, json> bases_;  // "hash|device key" -> measured baselines
   std::map<std::string, std::vector<std::pair<Batch*, std::size_t>>> waiting_;  // jobs waiting for those
   std::deque<std::pair<Batch*, std::string>> baseline_todo_;  // a waiter's batch, the code hash
   std::vector<std::pair<Batch*, std::size_t>> alone_;  // verdicts of memory, to judge again alone
@@ -483,8 +484,8 @@ void Engine::judge_loop() {
     }
     std::vector<Work> feed;
     try {
-      judge_->run_fed([&] { return take_work(feed); }, [&](WorkerResult&& r) { judged(feed[r.index], std::move(r)); },
-                      true);
+      judge_->run_fed([&] { return take_work(feed); },
+                      [&](WorkerResult&& r) { judged_safely(feed[r.index], std::move(r)); }, true);
     } catch (const std::exception& e) {
       // The pool itself failed (its workers cannot start): what it held is the environment's.
       spdlog::error("the judge pool failed: {}", e.what());
@@ -520,8 +521,8 @@ void Engine::reap() {
 
 // Called by the pool at every turn while nothing waits in it (100 ms at most): jobs of built
 // batches (those that failed their build are answered here, at once), then baselines that
-// answers wait for. Nothing while a verdict
-// of memory waits to be judged alone: the pool drains, and run_alone has the devices to itself.
+// answers wait for. Nothing while a verdict of memory waits to be judged alone: the pool
+// drains, and run_alone has the devices to itself.
 std::vector<json> Engine::take_work(std::vector<Work>& feed) {
   std::vector<json> reqs;
   // A long stretch of work without a pause would grow the feed without end: past this many
@@ -554,15 +555,29 @@ std::vector<json> Engine::take_work(std::vector<Work>& feed) {
   return reqs;
 }
 
+// An error while a result is taken in (a row the judge could not make) is that job's
+// environment failure: it must not leave run_fed with workers still busy on its requests.
+void Engine::judged_safely(const Work& w, WorkerResult&& r) {
+  try {
+    judged(w, std::move(r));
+  } catch (const std::exception& e) {
+    spdlog::error("a judged answer could not be taken in: {}", e.what());
+    if (w.hash.empty() && !w.b->answered[w.job]) complete(w.b, w.job, environment_failure("judge_error", e.what()));
+  }
+}
+
 void Engine::judged(const Work& w, WorkerResult&& r) {
   std::size_t was_in_flight = in_flight_--;
   if (!w.hash.empty()) {  // baselines: every answer that waited for them goes
     auto waiters = std::move(waiting_[w.hash]);
     waiting_.erase(w.hash);
+    if (waiters.empty()) return;
     Run& first = *waiters.front().first->run;
     std::string code_hash = w.hash.substr(0, w.hash.find('|'));
     auto entry = first.baseline_entry(r, *db_, code_hash);
-    bases_[w.hash] = entry;
+    // Kept only when measured: a task whose baselines failed (its neighbours' load, a timeout) is
+    // measured again for its next correct answer, as each batch did.
+    if (entry) bases_[w.hash] = *entry;
     for (auto& [b, job] : waiters) {
       if (entry) b->run->base[code_hash] = *entry;
       complete(b, job);
@@ -590,7 +605,7 @@ void Engine::settle(Batch* b, std::size_t job) {
   if (!bases_.count(key))
     if (auto c = db_->get(code_hash, r.device_key)) bases_[key] = std::move(*c);
   if (auto it = bases_.find(key); it != bases_.end()) {
-    if (it->second) r.base[code_hash] = *it->second;
+    r.base[code_hash] = it->second;
     return complete(b, job);
   }
   auto& waiters = waiting_[key];
@@ -623,6 +638,10 @@ void Engine::complete(Batch* b, std::size_t job, std::optional<json> failure) {
 // Bounded like eval's: as long as the shared judging since the last such pass (60 s at least).
 void Engine::run_alone() {
   if (alone_.empty()) return;
+  {
+    std::lock_guard<std::mutex> l(m_);
+    if (stopping_) return;  // stop() answers them service_stopping
+  }
   double budget_s = std::max(60.0, seconds(Clock::now() - shared_since_));
   spdlog::warn("{} solution(s) ran out of memory while {} judge workers shared the {}: judging each again alone",
                alone_.size(), judges_, base_.device == "cuda" ? "GPUs" : "machine");
