@@ -1,7 +1,8 @@
 // opforge serve (service.h): requests are validated and answered from the result cache on the
-// HTTP threads; what must be judged waits in a bounded queue for the dispatcher thread, which
-// alone drives the worker pools (a pool is driven from one thread, core/worker_pool.h) and judges
-// each batch through the same phases as `opforge eval` (run.h).
+// HTTP threads; what must be judged waits in a bounded queue. The builder thread alone drives the
+// compile pool and the judge thread alone drives the judge pool (a pool is driven from one thread,
+// core/worker_pool.h); each solution goes through the requests and rows of `opforge eval` (run.h)
+// and is answered as soon as its verdict stands.
 #include "service.h"
 
 #include <httplib.h>
@@ -214,7 +215,7 @@ json environment_failure(const std::string& reason, const std::string& detail) {
 
 // A group of submissions taken from the queue together and built together (one Run: one seed, one
 // trial count). Its answers leave one by one as each is judged: nothing waits for the group's
-// slowest (docs/architecture.md, "The service").
+// slowest (docs/architecture.md, "The judge": opforge serve).
 struct Batch {
   EvalOptions eo;  // the Run refers to it
   std::unique_ptr<Run> run;
