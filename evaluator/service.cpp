@@ -227,6 +227,7 @@ struct Batch {
   std::uint64_t n = 0;
   Clock::time_point t0, built;
   std::map<std::string, json> rows;  // answered rows by solution key, for the batch's log line
+  std::map<std::string, double> worker_s, answered_s;  // a judge worker's seconds on it; when it left
 };
 
 // One request handed to the judge pool: a job's solution, or (hash set) the baselines of a task
@@ -586,6 +587,7 @@ void Engine::judged(const Work& w, WorkerResult&& r) {
     return;
   }
   Job& j = w.b->run->jobs[w.job];
+  w.b->worker_s[j.sol.key] = r.seconds;
   j.row = w.b->run->judged_row(j, r);
   j.done = true;
   bool sharing = std::max(w.in_flight, was_in_flight) > static_cast<std::size_t>(devices_);
@@ -614,17 +616,18 @@ void Engine::settle(Batch* b, std::size_t job) {
   if (waiters.size() == 1) baseline_todo_.push_back({b, key});
 }
 
-void log_batch(const std::map<std::string, json>& rows, std::size_t tasks, double build_s, double last_s);
+void log_batch(const Batch& b);
 
 void Engine::complete(Batch* b, std::size_t job, std::optional<json> failure) {
   Job& j = b->run->jobs[job];
   json row = failure ? *failure : b->run->row(j);
   if (failure) row["solution"] = j.sol.key;
   b->rows[j.sol.key] = row;
+  b->answered_s[j.sol.key] = seconds(Clock::now() - b->built);
   b->answered[job] = true;
   finish(b->subs[job], failure ? *failure : answer(row, b->subs[job]->sub));
   if (--b->open) return;
-  log_batch(b->rows, b->run->tasks.size(), seconds(b->built - b->t0), seconds(Clock::now() - b->built));
+  log_batch(*b);
   std::error_code ec;  // a folder left behind is only litter
   for (auto& jb : b->run->jobs) {
     if (!jb.work.empty()) fs::remove_all(jb.work, ec);
@@ -661,21 +664,26 @@ void Engine::run_alone() {
   shared_since_ = Clock::now();
 }
 
-// Where a batch's time went, one line on stderr once its last answer has left: the build, then
-// the time to its last answer, and the slowest answers' own figures (child ready, load, checks).
-void log_batch(const std::map<std::string, json>& rows, std::size_t tasks, double build_s, double last_s) {
+// Where a batch's time went, one line on stderr once its last answer has left: the build, the
+// time to its last answer, and the answers a judge worker spent longest on, with the child's part
+// (dispatch: child ready and solution loaded; checks) and when each left (after the build).
+void log_batch(const Batch& b) {
   std::vector<std::pair<double, std::string>> slow;
-  for (auto& [key, row] : rows) {
+  double last_s = 0;
+  for (auto& [key, row] : b.rows) {
     double d = row.value("dispatch_s", json(0.0)).is_number() ? row["dispatch_s"].get<double>() : 0.0;
     double c = row.contains("phase_s") && row["phase_s"].is_object() ? row["phase_s"].value("checks", 0.0) : 0.0;
+    double w = b.worker_s.count(key) ? b.worker_s.at(key) : 0.0, at = b.answered_s.at(key);
+    last_s = std::max(last_s, at);
     std::string reason = row.value("reason", json()).is_string() ? row["reason"].get<std::string>() : "correct";
-    slow.emplace_back(d + c, fmt::format("{} {} (dispatch {:.1f} s, checks {:.1f} s)", key, reason, d, c));
+    slow.emplace_back(w, fmt::format("{} {} (worker {:.1f} s: dispatch {:.1f} s, checks {:.1f} s; left at {:.1f} s)",
+                                     key, reason, w, d, c, at));
   }
   std::sort(slow.rbegin(), slow.rend());
   std::string top;
   for (std::size_t i = 0; i < std::min<std::size_t>(3, slow.size()); ++i) top += (i ? "; " : "") + slow[i].second;
-  spdlog::info("batch of {} answer(s) over {} task(s): build {:.1f} s, last answer {:.1f} s after it; slowest: {}",
-               rows.size(), tasks, build_s, last_s, top);
+  spdlog::info("batch of {} answer(s) over {} task(s): build {:.1f} s, last answer {:.1f} s after it; longest: {}",
+               b.rows.size(), b.run->tasks.size(), seconds(b.built - b.t0), last_s, top);
 }
 
 json Engine::answer(const json& row, const Submission& s) const {
