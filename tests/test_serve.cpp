@@ -156,14 +156,21 @@ TEST(Serve, JudgesABatchOnceAndAnswersRepeatsFromTheCache) {
 // same batch) comes back while the hang still runs, and the hang is then `timeout`. (Batches that
 // answered together made every answer wait for the slowest, up to --timeout-s.)
 TEST(Serve, AnAnswerDoesNotWaitForASlowerOne) {
-  Server s({"-j", "2", "--timeout-s", "30"});
+  // Untimed and torch-allowed, the honest answer plain torch: no build or baseline of its own
+  // may take longer than the hang's limit, whatever the build cache holds.
+  Server s({"-j", "2", "--timeout-s", "30", "--untimed", "--policy", "torch-allowed"});
   json hang = solution("linear_relu", test::fixtures() / "serve" / "hang.py");
-  json honest = solution("linear_relu", eval_fx() / "solutions" / "linear_relu.py");
+  json honest = {{"task_id", "linear_relu"},
+                 {"solution_code",
+                  "import torch.nn as nn\nimport torch.nn.functional as F\n\n\nclass ModelNew(nn.Module):\n"
+                  "    def __init__(self, in_features, out_features):\n        super().__init__()\n"
+                  "        self.linear = nn.Linear(in_features, out_features)\n\n"
+                  "    def forward(self, x):\n        return F.relu(self.linear(x))\n"}};
   auto slow = std::async(std::launch::async, [&] { return s.post("/v1/evaluate", hang); });
   auto fast = std::async(std::launch::async, [&] { return s.post("/v1/evaluate", honest); });
   auto [st, a] = fast.get();
   ASSERT_EQ(st, 200) << s.log();
-  EXPECT_GE(a["reward"].get<int>(), 1) << a.dump();
+  EXPECT_EQ(a["reward"], 1) << a.dump();
   EXPECT_EQ(slow.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
       << "the honest answer waited for the hang: " << s.log();
   auto [st2, h] = slow.get();
