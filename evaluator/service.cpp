@@ -627,7 +627,11 @@ void Engine::complete(Batch* b, std::size_t job, std::optional<json> failure) {
   b->answered[job] = true;
   finish(b->subs[job], failure ? *failure : answer(row, b->subs[job]->sub));
   if (--b->open) return;
-  log_batch(*b);
+  try {
+    log_batch(*b);
+  } catch (const std::exception& e) {  // a log line is no reason to keep a batch
+    spdlog::warn("the line of batch {} could not be written: {}", b->n, e.what());
+  }
   std::error_code ec;  // a folder left behind is only litter
   for (auto& jb : b->run->jobs) {
     if (!jb.work.empty()) fs::remove_all(jb.work, ec);
@@ -665,19 +669,26 @@ void Engine::run_alone() {
 }
 
 // Where a batch's time went, one line on stderr once its last answer has left: the build, the
-// time to its last answer, and the answers a judge worker spent longest on, with the child's part
-// (dispatch: child ready and solution loaded; checks) and when each left (after the build).
+// time to its last answer, and the answers a judge worker spent longest on, split into the
+// worker's reference, the child's dispatch (ready, solution loaded) and checks, the worker's
+// clean-up, and when each left (after the build).
 void log_batch(const Batch& b) {
   std::vector<std::pair<double, std::string>> slow;
   double last_s = 0;
+  auto num = [](const json& o, const char* k) {  // a figure the row may lack or hold as null
+    json v = o.is_object() ? o.value(k, json()) : json();
+    return v.is_number() ? v.get<double>() : 0.0;
+  };
   for (auto& [key, row] : b.rows) {
-    double d = row.value("dispatch_s", json(0.0)).is_number() ? row["dispatch_s"].get<double>() : 0.0;
-    double c = row.contains("phase_s") && row["phase_s"].is_object() ? row["phase_s"].value("checks", 0.0) : 0.0;
+    json ph = row.value("phase_s", json::object());
+    auto part = [&](const char* k) { return num(ph, k); };
+    double d = num(row, "dispatch_s");
     double w = b.worker_s.count(key) ? b.worker_s.at(key) : 0.0, at = b.answered_s.at(key);
     last_s = std::max(last_s, at);
     std::string reason = row.value("reason", json()).is_string() ? row["reason"].get<std::string>() : "correct";
-    slow.emplace_back(w, fmt::format("{} {} (worker {:.1f} s: dispatch {:.1f} s, checks {:.1f} s; left at {:.1f} s)",
-                                     key, reason, w, d, c, at));
+    slow.emplace_back(w, fmt::format("{} {} (worker {:.1f} s: reference {:.1f}, dispatch {:.1f}, checks {:.1f}, "
+                                     "clean-up {:.1f}; left at {:.1f} s)",
+                                     key, reason, w, part("reference"), d, part("checks"), part("cleanup"), at));
   }
   std::sort(slow.rbegin(), slow.rend());
   std::string top;

@@ -1014,10 +1014,15 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
     tol.exact_fp32()  # the reference's outputs in float32 proper, as the filter kept the task
     timing_lock = timing_lock or os.environ.get("OPFORGE_TIMING_LOCK")
     result = _base_result(device, policy, launch)
+    # The judge worker's own parts beside the child's (dispatch, checks): the reference and its
+    # first set, and the clean-up after (collector, allocator, the next spares started).
+    result["phase_s"] = {}
     child = sess = None
     with open(log_path or os.devnull, "ab") as log:
         try:
+            t0 = time.perf_counter()
             ref_mod, ref, first, expected0, draw = _reference(task_code, device, seed)
+            result["phase_s"]["reference"] = time.perf_counter() - t0
             child, t1 = _start(launch, log, timeout_s, device, result)
             timing.SUSPECTS[:] = [child.proc.pid]  # its tree holding a lock the timer waits for is a verdict
             # Untimed (opforge eval --untimed): checks only, so no timing floor, no timing, no profile.
@@ -1033,7 +1038,7 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
             with timing.shared(timing.check_lock(timing_lock, device)):
                 result["max_error"] = _check_all(sess, ref, draw, seed, correct_trials, policy == "strict", atol,
                                                  rtol, result["flags"])
-            result["phase_s"] = {"checks": time.perf_counter() - t1 - result["dispatch_s"]}
+            result["phase_s"]["checks"] = time.perf_counter() - t1 - result["dispatch_s"]
             if timed:
                 timer = _Timer(sess, ref, draw, atol, rtol, strict=policy == "strict", floor_ms=floor)
                 _time_and_profile(sess, timer, result, trials, budget_s, policy == "strict", timing_lock)
@@ -1056,6 +1061,7 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
             result["detail"] = ("the judge's own allocation failed while the solution's child held the device: "
                                 if loaded else "") + str(e)[:2000]
         finally:
+            t_end = time.perf_counter()
             timing.SUSPECTS.clear()
             if sess is not None:
                 sess.close()
@@ -1070,6 +1076,7 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
             if device.startswith("cuda"):
                 top_up_spares(launch, log, timeout_s)
                 _warm_spare(launch)
+            result["phase_s"]["cleanup"] = time.perf_counter() - t_end
     return result
 
 
