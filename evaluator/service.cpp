@@ -230,16 +230,14 @@ struct Batch {
   std::map<std::string, double> worker_s, answered_s;  // a judge worker's seconds on it; when it left
 };
 
-// One request handed to the judge pool: a job's solution, or (hash set) the baselines of a task
-// code that correct answers wait for.
-constexpr std::size_t kMaxFeed = 100000;
-
+// One solution handed to the judge pool.
 struct Work {
   Batch* b = nullptr;
   std::size_t job = 0;
-  std::string hash;
-  std::size_t in_flight = 0;  // requests in flight when it was handed out, itself included
+  std::size_t in_flight = 0;  // solutions in flight when it was handed out, itself included
 };
+
+constexpr std::size_t kMaxFeed = 100000;
 
 class Engine {
  public:
@@ -272,6 +270,7 @@ class Engine {
   void fail_handed_out(const std::string& why);
   void reap();
   void run_alone();
+  void run_baselines();
   json answer(const json& row, const Submission& s) const;
   void finish(const std::shared_ptr<Pending>& p, json a);
 
@@ -297,7 +296,6 @@ class Engine {
   std::unique_ptr<BaselineCache> db_;
   std::map<std::string, json> bases_;  // "hash|device key" -> measured baselines
   std::map<std::string, std::vector<std::pair<Batch*, std::size_t>>> waiting_;  // jobs waiting for those
-  std::deque<std::pair<Batch*, std::string>> baseline_todo_;  // a waiter's batch, the code hash
   std::vector<std::pair<Batch*, std::size_t>> alone_;  // verdicts of memory, to judge again alone
   std::size_t in_flight_ = 0;
   Clock::time_point shared_since_ = Clock::now();  // the alone pass may take as long as the judging before it
@@ -481,7 +479,7 @@ void Engine::judge_loop() {
   for (;;) {
     {
       std::unique_lock<std::mutex> l(m_);
-      cv_built_.wait(l, [&] { return stopping_ || !built_.empty() || !baseline_todo_.empty() || !alone_.empty(); });
+      cv_built_.wait(l, [&] { return stopping_ || !built_.empty() || !waiting_.empty() || !alone_.empty(); });
       if (stopping_) return;
     }
     std::vector<Work> feed;
@@ -494,6 +492,7 @@ void Engine::judge_loop() {
       fail_handed_out(e.what());
     }
     run_alone();
+    run_baselines();
     reap();
   }
 }
@@ -509,7 +508,6 @@ void Engine::fail_handed_out(const std::string& why) {
     for (std::size_t i = 0; i < b->subs.size(); ++i)
       if (!b->answered[i]) complete(b, i, environment_failure("judge_error", why));
   waiting_.clear();
-  baseline_todo_.clear();
   alone_.clear();
   in_flight_ = 0;
 }
@@ -522,14 +520,14 @@ void Engine::reap() {
 }
 
 // Called by the pool at every turn while nothing waits in it (100 ms at most): jobs of built
-// batches (those that failed their build are answered here, at once), then baselines that
-// answers wait for. Nothing while a verdict of memory waits to be judged alone: the pool
-// drains, and run_alone has the devices to itself.
+// batches (those that failed their build are answered here, at once). Nothing while a verdict of
+// memory waits to be judged alone or an answer waits for its task's baselines: the pool drains,
+// and run_alone / run_baselines have the devices to themselves.
 std::vector<json> Engine::take_work(std::vector<Work>& feed) {
   std::vector<json> reqs;
   // A long stretch of work without a pause would grow the feed without end: past this many
   // requests the pool drains and the next run_fed starts a new one.
-  if (!alone_.empty() || feed.size() >= kMaxFeed) return reqs;
+  if (!alone_.empty() || !waiting_.empty() || feed.size() >= kMaxFeed) return reqs;
   reap();
   std::deque<Batch*> got;
   {
@@ -545,15 +543,9 @@ std::vector<json> Engine::take_work(std::vector<Work>& feed) {
         complete(b, i);
         continue;
       }
-      feed.push_back({b, i, "", ++in_flight_});
+      feed.push_back({b, i, ++in_flight_});
       reqs.push_back(b->run->solution_request(j, b->run->seed));
     }
-  for (; !baseline_todo_.empty(); baseline_todo_.pop_front()) {
-    auto& [b, hash] = baseline_todo_.front();
-    const Run& r = *b->run;  // the first job that waits for them: its batch, its task's code
-    feed.push_back({b, 0, hash, ++in_flight_});
-    reqs.push_back(r.baseline_request(r.tasks[r.jobs[waiting_[hash].front().second].task].code));
-  }
   return reqs;
 }
 
@@ -564,28 +556,12 @@ void Engine::judged_safely(const Work& w, WorkerResult&& r) {
     judged(w, std::move(r));
   } catch (const std::exception& e) {
     spdlog::error("a judged answer could not be taken in: {}", e.what());
-    if (w.hash.empty() && !w.b->answered[w.job]) complete(w.b, w.job, environment_failure("judge_error", e.what()));
+    if (!w.b->answered[w.job]) complete(w.b, w.job, environment_failure("judge_error", e.what()));
   }
 }
 
 void Engine::judged(const Work& w, WorkerResult&& r) {
   std::size_t was_in_flight = in_flight_--;
-  if (!w.hash.empty()) {  // baselines: every answer that waited for them goes
-    auto waiters = std::move(waiting_[w.hash]);
-    waiting_.erase(w.hash);
-    if (waiters.empty()) return;
-    Run& first = *waiters.front().first->run;
-    std::string code_hash = w.hash.substr(0, w.hash.find('|'));
-    auto entry = first.baseline_entry(r, *db_, code_hash);
-    // Kept only when measured: a task whose baselines failed (its neighbours' load, a timeout) is
-    // measured again for its next correct answer, as each batch did.
-    if (entry) bases_[w.hash] = *entry;
-    for (auto& [b, job] : waiters) {
-      if (entry) b->run->base[code_hash] = *entry;
-      complete(b, job);
-    }
-    return;
-  }
   Job& j = w.b->run->jobs[w.job];
   w.b->worker_s[j.sol.key] = r.seconds;
   j.row = w.b->run->judged_row(j, r);
@@ -611,9 +587,47 @@ void Engine::settle(Batch* b, std::size_t job) {
     r.base[code_hash] = it->second;
     return complete(b, job);
   }
-  auto& waiters = waiting_[key];
-  waiters.push_back({b, job});
-  if (waiters.size() == 1) baseline_todo_.push_back({b, key});
+  waiting_[key].push_back({b, job});
+}
+
+// The baselines that answers wait for, timed once the pool has drained (take_work gave nothing
+// while any answer waited): no solution's child is alive beside them, as when batches ran one at
+// a time. A solution alive then (loading, or left running by its import) could load the device
+// while eager and torch.compile are timed, and the inflated times, cached for the task code,
+// would raise every later answer of that task to 2 or 3. The task codes' baselines run side by
+// side with each other, as eval's baselines phase does. One measured is kept; one that failed is
+// measured again for the task's next correct answer, as each batch did.
+void Engine::run_baselines() {
+  if (waiting_.empty()) return;
+  {
+    std::lock_guard<std::mutex> l(m_);
+    if (stopping_) return;  // stop() answers them service_stopping
+  }
+  auto todo = std::move(waiting_);
+  waiting_.clear();
+  std::vector<json> reqs;
+  std::vector<const std::string*> keys;
+  for (auto& [key, waiters] : todo) {
+    const Run& r = *waiters.front().first->run;  // the first answer that waits: its batch, its task's code
+    reqs.push_back(r.baseline_request(r.tasks[r.jobs[waiters.front().second].task].code));
+    keys.push_back(&key);
+  }
+  spdlog::info("timing the baselines of {} task code(s) with no solution in flight", reqs.size());
+  judge_->run(reqs, [&](WorkerResult&& res) {
+    const std::string& key = *keys[res.index];
+    auto& waiters = todo[key];
+    std::string code_hash = key.substr(0, key.find('|'));
+    auto entry = waiters.front().first->run->baseline_entry(res, *db_, code_hash);
+    if (entry) bases_[key] = *entry;
+    for (auto& [b, job] : waiters) {
+      if (entry) b->run->base[code_hash] = *entry;
+      try {
+        complete(b, job);
+      } catch (const std::exception& e) {
+        if (!b->answered[job]) complete(b, job, environment_failure("judge_error", e.what()));
+      }
+    }
+  });
 }
 
 void log_batch(const Batch& b);

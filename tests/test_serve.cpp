@@ -24,9 +24,11 @@ fs::path eval_fx() { return test::fixtures() / "eval"; }
 // One `opforge serve` process over fixtures/eval/tasks, stopped (SIGTERM) at the end.
 class Server {
  public:
-  explicit Server(std::vector<std::string> extra) {
+  // own_cache: a cache of its own (no baseline measured before), not the one the tests share.
+  explicit Server(std::vector<std::string> extra, bool own_cache = false) {
+    std::string cache = own_cache ? (dir_ / "cache").string() : test::eval_cache_dir().string();
     std::vector<std::string> args = {"serve", "--tasks", (eval_fx() / "tasks").string(), "--port", "0", "--device",
-                                     "cpu", "--cache-dir", test::eval_cache_dir().string(), "--state-dir",
+                                     "cpu", "--cache-dir", cache, "--state-dir",
                                      (dir_ / "state").string(), "--trials", "5", "--budget-s", "1",
                                      "--correct-trials", "2"};
     args.insert(args.end(), extra.begin(), extra.end());
@@ -177,6 +179,34 @@ TEST(Serve, AnAnswerDoesNotWaitForASlowerOne) {
   ASSERT_EQ(st2, 200) << s.log();
   EXPECT_EQ(h["reason"], "timeout") << h.dump();
   EXPECT_EQ(h["reward"], -1);
+}
+
+// A task's baselines are timed with no solution in flight, as when batches ran one at a time: a
+// solution's child alive beside them (here one that never returns) could load the machine while
+// eager and torch.compile are timed, and the inflated times, cached for the task code, would pay
+// every later copy of the task 2 or 3. So the honest answer, whose baselines are new (the server
+// has a cache of its own), waits for the hang to be over before they are timed.
+TEST(Serve, BaselinesAreTimedWithNoSolutionInFlight) {
+  Server s({"-j", "2", "--timeout-s", "20", "--policy", "torch-allowed"}, true);
+  json hang = solution("linear_relu", test::fixtures() / "serve" / "hang.py");
+  json honest = {{"task_id", "linear_relu"},
+                 {"solution_code",
+                  "import torch.nn as nn\nimport torch.nn.functional as F\n\n\nclass ModelNew(nn.Module):\n"
+                  "    def __init__(self, in_features, out_features):\n        super().__init__()\n"
+                  "        self.linear = nn.Linear(in_features, out_features)\n\n"
+                  "    def forward(self, x):\n        return F.relu(self.linear(x))\n"}};
+  auto slow = std::async(std::launch::async, [&] { return s.post("/v1/evaluate", hang); });
+  std::this_thread::sleep_for(std::chrono::seconds(1));  // the hang's batch first, the honest one after
+  auto [st, h] = s.post("/v1/evaluate", honest);
+  ASSERT_EQ(st, 200) << s.log();
+  EXPECT_GE(h["reward"].get<int>(), 1) << h.dump(2);
+  EXPECT_FALSE(h["eager_ms"].is_null()) << "baselines measured: " << h.dump(2);
+  EXPECT_EQ(slow.get().second["reason"], "timeout");
+  std::string log = s.log();
+  auto hang_left = log.find("b0s0 timeout"), timed = log.find("with no solution in flight");
+  ASSERT_NE(hang_left, std::string::npos) << log;
+  ASSERT_NE(timed, std::string::npos) << log;
+  EXPECT_LT(hang_left, timed) << "the baselines were timed while the hang was in flight: " << log;
 }
 
 // As in eval: a verdict of memory made while the two judge workers shared the machine (the hog
