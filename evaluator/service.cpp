@@ -294,7 +294,6 @@ class Engine {
   std::mt19937_64 rng_{std::random_device{}()};
   // The judge thread's own.
   std::unique_ptr<BaselineCache> db_;
-  std::map<std::string, json> bases_;  // "hash|device key" -> measured baselines
   std::map<std::string, std::vector<std::pair<Batch*, std::size_t>>> waiting_;  // jobs waiting for those
   std::vector<std::pair<Batch*, std::size_t>> alone_;  // verdicts of memory, to judge again alone
   std::size_t in_flight_ = 0;
@@ -581,10 +580,8 @@ void Engine::settle(Batch* b, std::size_t job) {
   const Job& j = r.jobs[job];
   if (r.o.untimed || !j.row.value("correct", false)) return complete(b, job);
   std::string code_hash = xxh3_hex(r.tasks[j.task].code), key = code_hash + "|" + r.device_key;
-  if (!bases_.count(key))
-    if (auto c = db_->get(code_hash, r.device_key)) bases_[key] = std::move(*c);
-  if (auto it = bases_.find(key); it != bases_.end()) {
-    r.base[code_hash] = it->second;
+  if (auto c = db_->get(code_hash, r.device_key)) {  // measured before (the cache eval shares)
+    r.base[code_hash] = std::move(*c);
     return complete(b, job);
   }
   waiting_[key].push_back({b, job});
@@ -595,8 +592,8 @@ void Engine::settle(Batch* b, std::size_t job) {
 // a time. A solution alive then (loading, or left running by its import) could load the device
 // while eager and torch.compile are timed, and the inflated times, cached for the task code,
 // would raise every later answer of that task to 2 or 3. The task codes' baselines run side by
-// side with each other, as eval's baselines phase does. One measured is kept; one that failed is
-// measured again for the task's next correct answer, as each batch did.
+// side with each other, as eval's baselines phase does. One measured goes into the baseline cache
+// (baseline_entry); one that failed is measured again for the task's next correct answer.
 void Engine::run_baselines() {
   if (waiting_.empty()) return;
   {
@@ -618,7 +615,6 @@ void Engine::run_baselines() {
     auto& waiters = todo[key];
     std::string code_hash = key.substr(0, key.find('|'));
     auto entry = waiters.front().first->run->baseline_entry(res, *db_, code_hash);
-    if (entry) bases_[key] = *entry;
     for (auto& [b, job] : waiters) {
       if (entry) b->run->base[code_hash] = *entry;
       try {
