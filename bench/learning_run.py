@@ -729,7 +729,9 @@ def results(run):
                     "chunks": sft.get("chunks", []),
                     "val_curve": [{"step": x.get("step"), "val_loss": x["val_loss"]} for x in m if "val_loss" in x],
                     "train_curve": [{"step": x.get("step"), "loss": x.get("loss")} for x in m]},
-            "sft_eval": st.get("sft_eval"), "seeds": seeds, "wall_s": round(run.clock.spent(), 1)}
+            "sft_eval": st.get("sft_eval"), "seeds": seeds, "wall_s": round(run.clock.spent(), 1),
+            "paired": [p for p in (paired(run.out, seeds, step) for step in
+                                   sorted({p["step"] for s in seeds for p in s["eval"]})) if p]}
 
 
 def write_report(run):
@@ -750,6 +752,37 @@ def stat(seeds, step, key):
     return mu, sd, len(xs)
 
 
+def eval_rewards(path):
+    """{task_id: reward} of an eval's rows (None: the judge gave no verdict); {} if not there."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return {r["task_id"]: r.get("reward") for r in rows}
+
+
+def paired(out, seeds, step, resamples=2000):
+    """Each seed's step-`step` answers against the SFT model's on the same test tasks: the change
+    of pass@1 (mean over seeds), a 95% interval from resampling the tasks (the same draw for every
+    seed, so the pairing holds), and how many answers turned right (gains) or wrong (losses). The
+    tasks are one sample of many, and the seeds' means vary less than a task draw: this interval,
+    not the seeds' sd, says whether a rise is more than which tasks were drawn."""
+    sft = eval_rewards(os.path.join(out, "eval_sft.jsonl"))
+    runs = [eval_rewards(os.path.join(out, f"eval_seed{s['seed']}_step{step}.jsonl")) for s in seeds
+            if any(p["step"] == step for p in s["eval"])]
+    tasks = sorted(t for t, r in sft.items() if r is not None and all(x.get(t) is not None for x in runs))
+    if not runs or not tasks:
+        return None
+    right = lambda r: 1.0 if r > 0 else 0.0  # noqa: E731 - reward >= 1: correct
+    d = [sum(right(x[t]) - right(sft[t]) for x in runs) / len(runs) for t in tasks]
+    rng = random.Random(0)  # the same interval from the same rows
+    means = sorted(sum(d[rng.randrange(len(d))] for _ in d) / len(d) for _ in range(resamples))
+    return {"step": step, "seeds": len(runs), "tasks": len(tasks), "delta_pass_at_1": sum(d) / len(d),
+            "ci95": [means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]],
+            "gains": sum(1 for x in runs for t in tasks if x[t] > 0 >= sft[t]),
+            "losses": sum(1 for x in runs for t in tasks if sft[t] > 0 >= x[t])}
+
+
 def report(res, out):
     sft = res.get("sft_eval") or {}
     seeds = res["seeds"]
@@ -759,12 +792,17 @@ def report(res, out):
     if res["partial"]:
         lines += [f"**Partial run** ({res['spent_s']:.0f} s over {res['calls']} call(s); this call ended: "
                   f"{res['stopped'] or 'running, or killed'}): rerun the same command to go on.", ""]
-    lines += ["| point | seeds | pass@1 mean ± sd | mean reward mean ± sd | test tasks |", "|---|---|---|---|---|",
-              f"| SFT (step 0) | 1 | {f(sft.get('pass_at_1'))} | {f(sft.get('mean_reward'))} | {sft.get('tasks')} |"]
+    lines += ["| point | seeds | pass@1 mean ± sd | mean reward mean ± sd | test tasks | pass@1 − SFT, same tasks "
+              "(95% interval) | turned right / wrong |", "|---|---|---|---|---|---|---|",
+              f"| SFT (step 0) | 1 | {f(sft.get('pass_at_1'))} | {f(sft.get('mean_reward'))} | {sft.get('tasks')} | | |"]
+    by_step = {p["step"]: p for p in res.get("paired") or []}
     for st in steps:
         pm, ps, n = stat(seeds, st, "pass_at_1")
         rm, rs, _ = stat(seeds, st, "mean_reward")
-        lines.append(f"| PPO step {st} | {n} | {f(pm)} ± {f(ps)} | {f(rm)} ± {f(rs)} | {sft.get('tasks')} |")
+        p = by_step.get(st)
+        cmp = (f"{p['delta_pass_at_1']:+.3f} ({p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}) | {p['gains']} / "
+               f"{p['losses']}") if p else "— | —"
+        lines.append(f"| PPO step {st} | {n} | {f(pm)} ± {f(ps)} | {f(rm)} ± {f(rs)} | {sft.get('tasks')} | {cmp} |")
     table = "\n".join(lines)
     with open(os.path.join(out, "summary.md.tmp"), "w") as fh:
         fh.write(table + "\n")

@@ -1,0 +1,68 @@
+"""The learning run's paired comparison (bench/learning_run.py `paired`): each seed's answers
+against the SFT model's on the same test tasks, with an interval from resampling the tasks.
+
+Run from the repo root:  .venv/bin/python3 -m unittest discover -s tests/python
+"""
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+
+import learning_run as L  # noqa: E402
+
+
+def _write(path, rewards):
+    with open(path, "w") as f:
+        for t, r in rewards.items():
+            f.write(json.dumps({"task_id": t, "reward": r}) + "\n")
+
+
+class Paired(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.out = self.dir.name
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def _run(self, sft, per_seed, step=2):
+        _write(os.path.join(self.out, "eval_sft.jsonl"), sft)
+        seeds = []
+        for s, rewards in enumerate(per_seed):
+            _write(os.path.join(self.out, f"eval_seed{s}_step{step}.jsonl"), rewards)
+            seeds.append({"seed": s, "eval": [{"step": step}]})
+        return L.paired(self.out, seeds, step)
+
+    def test_flips_are_counted_per_seed_and_the_interval_holds_the_change(self):
+        tasks = [f"t{i}" for i in range(40)]
+        sft = {t: (1.0 if i < 20 else -1.0) for i, t in enumerate(tasks)}
+        a = dict(sft, t20=1.0, t21=1.0, t0=-1.0)  # 2 right, 1 wrong
+        b = dict(sft, t22=1.0)                     # 1 right
+        p = self._run(sft, [a, b])
+        self.assertEqual((p["gains"], p["losses"], p["seeds"], p["tasks"]), (3, 1, 2, 40))
+        self.assertAlmostEqual(p["delta_pass_at_1"], ((2 - 1) / 40 + 1 / 40) / 2)
+        self.assertLessEqual(p["ci95"][0], p["delta_pass_at_1"])
+        self.assertGreaterEqual(p["ci95"][1], p["delta_pass_at_1"])
+        self.assertLess(p["ci95"][0], 0.0)  # 3 flips up and 1 down over 40 tasks: not clearly a rise
+
+    def test_a_rise_on_every_task_has_an_interval_above_zero(self):
+        tasks = [f"t{i}" for i in range(30)]
+        sft = {t: -1.0 for t in tasks}
+        p = self._run(sft, [{t: 1.0 for t in tasks}] * 3)
+        self.assertEqual(p["delta_pass_at_1"], 1.0)
+        self.assertEqual(p["ci95"], [1.0, 1.0])
+        self.assertEqual((p["gains"], p["losses"]), (90, 0))
+
+    def test_unjudged_answers_and_missing_points_are_left_out(self):
+        sft = {"a": 1.0, "b": -1.0, "c": None}
+        p = self._run(sft, [{"a": 1.0, "b": None, "c": 1.0}])
+        self.assertEqual(p["tasks"], 1)  # only "a" has a verdict on both sides
+        self.assertIsNone(L.paired(self.out, [{"seed": 0, "eval": [{"step": 2}]}], 4))
+
+
+if __name__ == "__main__":
+    unittest.main()
