@@ -30,6 +30,8 @@
 #                 (a crash is run again under cuda-gdb for its backtrace)
 #     lreval      the learning run's SFT eval again from .lr/lr.tgz with this tree's judge (judge_j workers, untimed): why
 #                 answers get -1 or stay unjudged (lreval.jsonl, lreval.txt, lreval_judge.log come back)
+#     profstart   bench/profiler_startup.py: what a fresh process's first profiler sessions cost on GPU 0 (strict's
+#                 checks paid 4-9 s of it in every child; ~80 s; profstart.txt and profstart.json come back)
 #     audit       bench/retime_audit.py: AUDIT_N (200) records of AUDIT_DIR (corpus/ops6k-h200) timed again
 #     learning    bench/learning_run.py (issue #14's learning run) on GPU 0 over the export of the committed
 #                 ops6k_h200.db.gz (191 train / 114 test); resumable: each call goes on in /tmp/lr and ends
@@ -48,7 +50,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 P=/opt/torch/.venv/bin/python3
 B=$PWD/build-gpu/opforge
-[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|agent|serve|trainer|throughput|checks|kb|dedupscale|corpus|release|shards|resume|audit|learning|lreval..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|agent|serve|trainer|throughput|checks|kb|dedupscale|corpus|release|shards|resume|audit|profstart|learning|lreval..." >&2; exit 2; }
 source .device/env.sh > /dev/null
 export PATH=/opt/torch/.venv/bin:$PATH
 # bubblewrap comes in .device (pack-debs.sh bubblewrap): the judge sandboxes every solution with it.
@@ -306,6 +308,12 @@ case $step in
     stamp "sft resumed on CUDA (bench/trainer_resume_gpu.sh)"
     CUDA_VISIBLE_DEVICES=0 timeout "${RESUME_TIMEOUT:-240}" bash bench/trainer_resume_gpu.sh build-gpu "$P" 2>&1 | tee "$OUT/resume.txt"
     resolve_stacks /tmp/resume-*/split4.log | tee -a "$OUT/resume.txt"
+    ;;
+  profstart)
+    stamp "first profiler sessions of fresh processes on GPU 0 (bench/profiler_startup.py)"
+    CUDA_VISIBLE_DEVICES=0 timeout "${PROF_TIMEOUT:-240}" $P bench/profiler_startup.py --out "$OUT/profstart.json" \
+      > "$OUT/profstart.txt" 2>&1
+    cat "$OUT/profstart.txt"
     ;;
   audit)
     # The release's re-timing audit (docs/release.md): AUDIT_N (200) random records of the export
