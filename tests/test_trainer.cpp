@@ -496,7 +496,7 @@ TEST_F(Trainer, ValuePretrainingRunsEndToEndAndAResumedRunEndsBitwiseIdentical) 
 
 // Value pre-training learns a target it can: the reward is +1 when the trajectory is made of token
 // 40, -1 when of token 41 (visible at every response position), so a critic that learns nothing
-// stays at a loss of 0.5. And its returns are Monte-Carlo returns discounted per response token:
+// stays at a loss of 0.5; in micro-batches it takes the same steps. And its returns are Monte-Carlo returns discounted per response token:
 // the tool output between two turns neither discounts nor cuts the chain.
 TEST_F(Trainer, ValuePretrainingLowersTheLossOnALearnableTargetWithDiscountedReturns) {
   TempDir d;
@@ -518,6 +518,17 @@ TEST_F(Trainer, ValuePretrainingLowersTheLossOnALearnableTargetWithDiscountedRet
   EXPECT_NEAR(loss[0], 0.5, 1e-6) << "a zero head against returns of +-1";
   EXPECT_LT(loss.back(), 0.05) << "first " << loss[0] << ", last " << loss.back();  // 0.01 when written
   EXPECT_GT(jsonl(d / "learn" / "metrics.jsonl").back()["explained_variance"].get<double>(), 0.8);  // 0.98
+  // In micro-batches of 3 (3 + 3 + 2 rows a step) the gradients add up to the whole batch's: the
+  // same losses and metrics, step by step, to float32 rounding.
+  o.out = d / "micro";
+  o.micro_batch = 3;
+  std::vector<double> micro = train_value(o).value_loss;
+  ASSERT_EQ(micro.size(), loss.size());
+  for (std::size_t i = 0; i < loss.size(); ++i) EXPECT_NEAR(micro[i], loss[i], 1e-5 * (1 + loss[i])) << "step " << i + 1;
+  json a = jsonl(d / "learn" / "metrics.jsonl").back(), b = jsonl(d / "micro" / "metrics.jsonl").back();
+  for (const char* k : {"explained_variance", "value_mean", "return_mean"})
+    EXPECT_NEAR(b[k].get<double>(), a[k].get<double>(), 1e-4) << k;
+  o.micro_batch = 0;
   // Actions at positions 1, 2 and 5 (a value precedes its token): returns 0.25, 0.5, 1.
   write_file(d / "gap.jsonl", json{{"ids", {5, 9, 30, 41, 7, 8, 2}}, {"loss_mask", {0, 0, 1, 1, 0, 0, 1}},
                                    {"reward", 1}}.dump() + "\n");

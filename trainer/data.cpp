@@ -156,6 +156,15 @@ Batch collate(const TokenRows& rows, const std::vector<int64_t>& pick, int64_t p
   return b;
 }
 
+std::vector<std::vector<int64_t>> micro_batches(const std::vector<int64_t>& pick, int64_t micro) {
+  std::vector<std::vector<int64_t>> out;
+  const std::size_t m = micro > 0 ? static_cast<std::size_t>(micro) : pick.size();
+  for (std::size_t i = 0; i < pick.size(); i += m)
+    out.emplace_back(pick.begin() + static_cast<std::ptrdiff_t>(i),
+                     pick.begin() + static_cast<std::ptrdiff_t>(std::min(pick.size(), i + m)));
+  return out;
+}
+
 std::vector<int64_t> batch_of_step(int64_t step, int64_t n, int64_t batch, uint64_t seed) {
   int64_t per_epoch = (n + batch - 1) / batch, epoch = (step - 1) / per_epoch, k = (step - 1) % per_epoch;
   std::vector<int64_t> order(static_cast<std::size_t>(n));

@@ -38,6 +38,10 @@ struct Batch {
 // Rows `pick` of `rows`, right-padded with `pad_id` to the longest.
 Batch collate(const TokenRows& rows, const std::vector<int64_t>& pick, int64_t pad_id);
 
+// `pick` in consecutive parts of `micro` items (0: one part): the forward/backward passes of one
+// optimizer step whose gradients add up to the whole batch's.
+std::vector<std::vector<int64_t>> micro_batches(const std::vector<int64_t>& pick, int64_t micro);
+
 // The items of step `step` (1-based) in batches of `batch` over `n` items: epoch e's order is a
 // shuffle seeded by (seed, e), so any step's batch is known without replaying the steps before it
 // (what resuming needs).

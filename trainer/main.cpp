@@ -136,6 +136,9 @@ void add_precision_options(CLI::App* c, Precision& p) {
 // The optimizer, checkpoint and device options sft and value share (their structs name them alike).
 template <class Options>
 void add_step_options(CLI::App* c, Options& o) {
+  c->add_option("--micro-batch", o.micro_batch, "Records per forward/backward, their gradients added up to the "
+                                                "batch's (0: the whole batch at once; less memory, same step)")
+      ->capture_default_str();
   c->add_option("--weight-decay", o.weight_decay, "AdamW weight decay")->capture_default_str();
   c->add_option("--max-grad-norm", o.max_grad_norm, "Gradient clipping")->capture_default_str();
   c->add_option("--save-every", o.save_every, "Steps between checkpoints")->capture_default_str();
@@ -161,7 +164,6 @@ void add_train(CLI::App& app, std::function<int()>& run) {
   c->add_option("--epochs", o->epochs, "Passes over the data")->capture_default_str();
   c->add_option("--steps", o->steps, "Optimizer steps (overrides --epochs when > 0)")->capture_default_str();
   c->add_option("--batch", o->batch, "Records per optimizer step")->capture_default_str();
-  c->add_option("--micro-batch", o->micro_batch, "Records per forward/backward (0: the whole batch)")->capture_default_str();
   c->add_option("--lr", o->lr, "AdamW learning rate")->capture_default_str();
   c->add_option("--max-len", o->max_len, "Tokens kept of a record")->capture_default_str();
   add_step_options(c, *o);

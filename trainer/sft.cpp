@@ -38,22 +38,13 @@ at::Tensor nll_sum(const CausalLM& model, const Batch& b) {
   return -(logp.gather(-1, target).squeeze(-1) * b.loss_mask.narrow(1, 1, T - 1).to(d)).sum();
 }
 
-std::vector<std::vector<int64_t>> chunks(const std::vector<int64_t>& pick, int64_t micro) {
-  std::vector<std::vector<int64_t>> out;
-  int64_t m = micro > 0 ? micro : static_cast<int64_t>(pick.size());
-  for (std::size_t i = 0; i < pick.size(); i += static_cast<std::size_t>(m))
-    out.emplace_back(pick.begin() + static_cast<std::ptrdiff_t>(i),
-                     pick.begin() + static_cast<std::ptrdiff_t>(std::min(pick.size(), i + static_cast<std::size_t>(m))));
-  return out;
-}
-
 // One optimizer step over `pick`, in micro-batches whose gradients add up to the whole batch's
 // token-mean loss. Returns {loss, grad_norm, tokens}.
 json sft_step(const CausalLM& model, torch::optim::Optimizer& opt, const TokenRows& rows,
               const std::vector<int64_t>& pick, const SftOptions& o, int64_t pad) {
   std::vector<Batch> parts;
   int64_t tokens = 0;
-  for (auto& c : chunks(pick, o.micro_batch)) {
+  for (auto& c : micro_batches(pick, o.micro_batch)) {
     parts.push_back(collate(rows, c, pad));
     tokens += parts.back().tokens;
   }
@@ -76,7 +67,7 @@ double val_loss(const CausalLM& model, const TokenRows& rows, int64_t batch, int
   int64_t tokens = 0;
   std::vector<int64_t> all(rows.ids.size());
   std::iota(all.begin(), all.end(), 0);
-  for (auto& c : chunks(all, batch)) {
+  for (auto& c : micro_batches(all, batch)) {
     Batch b = collate(rows, c, pad);
     sum += nll_sum(model, b).item<double>();
     tokens += b.tokens;

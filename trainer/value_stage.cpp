@@ -23,7 +23,8 @@ using json = nlohmann::json;
 
 json ValueOptions::to_json() const {
   return {{"model", model.string()}, {"critic_init", critic_init.string()}, {"trajectories", trajectories.string()},
-          {"out", out.string()}, {"epochs", epochs}, {"steps", steps}, {"batch", batch}, {"max_len", max_len},
+          {"out", out.string()}, {"epochs", epochs}, {"steps", steps}, {"batch", batch}, {"micro_batch", micro_batch},
+          {"max_len", max_len},
           {"save_every", save_every}, {"lr", lr}, {"weight_decay", weight_decay}, {"max_grad_norm", max_grad_norm},
           {"gamma", gamma}, {"lam", lam}, {"seed", seed}, {"device", device},
           {"precision", precision.to_json()}};
@@ -171,27 +172,56 @@ at::Tensor action_returns(const at::Tensor& values, const at::Tensor& mask, cons
   return at::zeros_like(v).scatter_add(1, idx, a.returns * packed).to(values.device());
 }
 
-// One optimizer step on the trajectories `pick`. Each batch is seen once, so the values it is
-// scored with are those it moves from and PPO's value clip could never bind: the plain loss.
-json value_step(ValueModel& critic, torch::optim::Optimizer& opt, const Trajectories& t,
-                const std::vector<int64_t>& pick, const ValueOptions& o) {
-  Batch b = collate(t.rows, pick, 0);  // padding is neither attended to nor scored: its id is immaterial
+// One micro-batch's forward and backward: its share of the batch's token-mean loss (so the
+// micro-batches' gradients add up to the whole batch's), and its scored values and returns.
+struct ValuePart {
+  double loss = 0;
+  at::Tensor values, returns;  // the scored positions only, flattened
+};
+
+ValuePart value_part(ValueModel& critic, const Trajectories& t, const std::vector<int64_t>& pick, const Batch& b,
+                     double batch_tokens, const ValueOptions& o) {
   at::Device d = critic.trunk().device();
   const int64_t T = b.ids.size(1);
-  Autocast cast(d, o.precision.bf16);
   at::Tensor v = critic.values(b.ids.to(d), b.attention.to(d)).narrow(1, 0, T - 1);
   at::Tensor mask = b.loss_mask.narrow(1, 1, T - 1).to(d);
   std::vector<double> rewards;
   for (auto i : pick) rewards.push_back(t.rewards[static_cast<std::size_t>(i)]);
   at::Tensor ret = action_returns(v.detach(), mask, rewards, o.gamma, o.lam);
-  ValueLoss vl = value_loss(v, v.detach(), ret, mask, 0.0);
+  at::Tensor loss = value_loss(v, v.detach(), ret, mask, 0.0).loss * (static_cast<double>(b.tokens) / batch_tokens);
+  loss.backward();
+  at::Tensor scored = mask > 0;
+  return {loss.item<double>(), v.detach().masked_select(scored).to(at::kFloat), ret.masked_select(scored)};
+}
+
+// One optimizer step on the trajectories `pick`, in micro-batches (--micro-batch). Each batch is
+// seen once, so the values it is scored with are those it moves from and PPO's value clip could
+// never bind: the plain loss.
+json value_step(ValueModel& critic, torch::optim::Optimizer& opt, const Trajectories& t,
+                const std::vector<int64_t>& pick, const ValueOptions& o) {
+  std::vector<std::vector<int64_t>> parts = micro_batches(pick, o.micro_batch);
+  std::vector<Batch> batches;
+  int64_t tokens = 0;
+  for (auto& c : parts) {
+    batches.push_back(collate(t.rows, c, 0));  // padding is neither attended to nor scored: its id is immaterial
+    tokens += batches.back().tokens;
+  }
   opt.zero_grad();
-  vl.loss.backward();
+  Autocast cast(critic.trunk().device(), o.precision.bf16);
+  double loss = 0;
+  std::vector<at::Tensor> vs, rs;
+  for (std::size_t k = 0; k < parts.size(); ++k) {
+    ValuePart p = value_part(critic, t, parts[k], batches[k], static_cast<double>(std::max<int64_t>(tokens, 1)), o);
+    loss += p.loss;
+    vs.push_back(p.values);
+    rs.push_back(p.returns);
+  }
   double norm = torch::nn::utils::clip_grad_norm_(critic.parameters(), o.max_grad_norm);
   opt.step();
-  return {{"value_loss", vl.loss.item<double>()}, {"explained_variance", explained_variance(v.detach(), ret, mask)},
-          {"value_mean", masked_mean(v.detach(), mask).item<double>()},
-          {"return_mean", masked_mean(ret, mask).item<double>()}, {"grad_norm", norm}, {"tokens", b.tokens}};
+  at::Tensor v = at::cat(vs), ret = at::cat(rs), all = at::ones_like(v);
+  return {{"value_loss", loss}, {"explained_variance", explained_variance(v, ret, all)},
+          {"value_mean", masked_mean(v, all).item<double>()}, {"return_mean", masked_mean(ret, all).item<double>()},
+          {"grad_norm", norm}, {"tokens", tokens}};
 }
 
 struct ValueRun {
@@ -221,6 +251,7 @@ ValueRun open_run(const ValueOptions& o, bool resume) {
 
 ValueResult train_value(const ValueOptions& o) {
   OPFORGE_CHECK(o.batch > 0 && o.save_every > 0, "--batch and --save-every must be > 0");
+  OPFORGE_CHECK(o.micro_batch >= 0, "--micro-batch must be >= 0 (0: the whole batch at once)");
   OPFORGE_CHECK(o.gamma >= 0 && o.gamma <= 1 && o.lam >= 0 && o.lam <= 1, "--gamma and --lam must lie in [0, 1]");
   fs::create_directories(o.out);
   spdlog::info("value options: {}", o.to_json().dump());

@@ -30,7 +30,7 @@ namespace opforge::trainer {
 struct ValueOptions {
   std::filesystem::path model, critic_init, trajectories, out;  // critic_init empty: model
   int64_t epochs = 1, steps = 0;  // steps > 0 overrides epochs
-  int64_t batch = 8, max_len = 8192, save_every = 50;
+  int64_t batch = 8, micro_batch = 0, max_len = 8192, save_every = 50;  // micro_batch 0: the whole batch at once
   double lr = 6e-6, weight_decay = 0.0, max_grad_norm = 1.0;  // train ppo's critic optimizer
   double gamma = 1.0, lam = 1.0;  // train ppo's defaults
   uint64_t seed = 0;
