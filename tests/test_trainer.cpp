@@ -343,8 +343,9 @@ TEST_F(Trainer, SftLowersTheLossAndAResumedRunEndsBitwiseIdentical) {
 
 
 // PPO on a reward whose rise is certain: the share of an answer's tokens in a chosen tenth of the
-// vocabulary. Its mean over the last two steps must beat the first step's, and a run stopped after
-// 2 steps and resumed to 4 ends with the bytes of a run of 4 (actor and critic).
+// vocabulary. Its mean over the last two steps must beat the first step's, a step in micro-batches
+// is the whole mini-batches' step, and a run stopped after 2 steps and resumed to 4 ends with the
+// bytes of a run of 4 (actor and critic).
 TEST_F(Trainer, PpoRaisesASyntheticRewardAndAResumedRunEndsBitwiseIdentical) {
   TempDir d;
   Tokenizer tok(model("qwen2"));
@@ -360,7 +361,7 @@ TEST_F(Trainer, PpoRaisesASyntheticRewardAndAResumedRunEndsBitwiseIdentical) {
     }
     return out;
   };
-  auto run = [&](const std::string& out, int64_t steps) {
+  auto run = [&](const std::string& out, int64_t steps, int64_t micro = 0) {
     PpoOptions o;
     o.actor = model("qwen2");
     o.out = d / out;
@@ -372,6 +373,7 @@ TEST_F(Trainer, PpoRaisesASyntheticRewardAndAResumedRunEndsBitwiseIdentical) {
     o.critic_lr = 2e-3;
     o.ppo_epochs = 2;
     o.mini_batch = 9;
+    o.micro_batch = micro;
     o.kl_coef = 0.01;
     return train_ppo(o, prompts, tok, share);
   };
@@ -397,6 +399,18 @@ TEST_F(Trainer, PpoRaisesASyntheticRewardAndAResumedRunEndsBitwiseIdentical) {
   EXPECT_EQ(read.rows.ids.size(), 6u * 18u);
   EXPECT_EQ(read.null_reward, 6 * 6);
   EXPECT_EQ(read.rows.skipped, 0);
+  // A step in micro-batches of 4 (a mini-batch of 9 in parts of 4, 4 and 1) is the step of the
+  // whole mini-batches: the same update metrics and, to float32 rounding, the same weights.
+  run("one", 1);
+  run("micro", 1, 4);
+  json a = jsonl(d / "one" / "metrics.jsonl")[0], b = jsonl(d / "micro" / "metrics.jsonl")[0];
+  for (const char* k : {"policy_loss", "value_loss", "entropy", "approx_kl", "clip_fraction", "actor_grad_norm",
+                        "critic_grad_norm"})
+    EXPECT_NEAR(b[k].get<double>(), a[k].get<double>(), 1e-5 * (1 + std::abs(a[k].get<double>()))) << k;
+  for (const char* f : {"actor/model.safetensors", "critic/value_head.safetensors"}) {
+    auto x = read_safetensors(d / "one" / f), y = read_safetensors(d / "micro" / f);
+    for (auto& [name, w] : x) EXPECT_LT((w - y.at(name)).abs().max().item<double>(), 1e-5) << f << " " << name;
+  }
   run("split", 2);
   PpoResult resumed = run("split", 6);
   EXPECT_EQ(resumed.reward_mean.size(), 4u);

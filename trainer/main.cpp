@@ -273,6 +273,9 @@ void add_ppo(CLI::App* train, std::function<int()>& run) {
   c->add_option("--rollouts-per-task", o.rollouts_per_task, "Answers sampled per prompt")->capture_default_str();
   c->add_option("--ppo-epochs", o.ppo_epochs, "Passes over an iteration's answers")->capture_default_str();
   c->add_option("--mini-batch", o.mini_batch, "Answers per optimizer step (0: all)")->capture_default_str();
+  c->add_option("--micro-batch", o.micro_batch, "Answers per forward/backward of a mini-batch, their gradients added "
+                                                "up to its own (0: the mini-batch at once; less memory, same step)")
+      ->capture_default_str();
   c->add_option("--max-new-tokens", o.max_new_tokens, "Longest answer")->capture_default_str();
   c->add_option("--lr", o.lr, "Actor learning rate")->capture_default_str();
   c->add_option("--critic-lr", o.critic_lr, "Critic learning rate")->capture_default_str();

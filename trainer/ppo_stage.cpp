@@ -24,7 +24,7 @@ using Clock = std::chrono::steady_clock;
 json PpoOptions::to_json() const {
   return {{"actor", actor.string()}, {"critic", critic.string()}, {"out", out.string()}, {"steps", steps},
           {"batch", batch}, {"rollouts_per_task", rollouts_per_task}, {"ppo_epochs", ppo_epochs},
-          {"mini_batch", mini_batch}, {"max_new_tokens", max_new_tokens}, {"lr", lr}, {"critic_lr", critic_lr},
+          {"mini_batch", mini_batch}, {"micro_batch", micro_batch}, {"max_new_tokens", max_new_tokens}, {"lr", lr}, {"critic_lr", critic_lr},
           {"temperature", temperature}, {"top_p", top_p}, {"clip_low", clip_low}, {"clip_high", clip_high},
           {"dual_clip", dual_clip}, {"value_clip", value_clip}, {"kl_coef", kl_coef}, {"gamma", gamma}, {"lam", lam},
           {"max_grad_norm", max_grad_norm}, {"weight_decay", weight_decay}, {"seed", seed}, {"device", device},
@@ -225,12 +225,68 @@ std::optional<std::pair<Rollouts, Targets>> scored_rollout(PpoRun& r, const std:
   return std::make_pair(std::move(*ro), std::move(t));
 }
 
-double step_opt(torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params, const at::Tensor& loss, double clip) {
-  opt.zero_grad();
-  loss.backward();
+double clip_and_step(torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params, double clip) {
   double norm = torch::nn::utils::clip_grad_norm_(params, clip);
   opt.step();
   return norm;
+}
+
+// Rows [start, start + rows) of a mini-batch, and their share of its scored tokens: a part's
+// token-mean loss times its share, summed over the parts, is the mini-batch's token-mean loss, so
+// their gradients add up to the whole's (one part with share 1 when --micro-batch is 0).
+struct Part {
+  int64_t start, rows;
+  double share;
+};
+
+std::vector<Part> parts_of(const at::Tensor& mask, int64_t s, int64_t n, int64_t micro) {
+  const double total = std::max(mask.narrow(0, s, n).sum().item<double>(), 1.0);
+  const int64_t m = micro > 0 ? micro : n;
+  std::vector<Part> out;
+  for (int64_t k = s; k < s + n; k += m) {
+    const int64_t rows = std::min(m, s + n - k);
+    out.push_back({k, rows, mask.narrow(0, k, rows).sum().item<double>() / total});
+  }
+  return out;
+}
+
+// One actor step on a mini-batch, its parts' gradients accumulated; metrics weighted by share.
+void actor_step(PpoRun& r, const Rollouts& ro, const Targets& t, int64_t s, int64_t n,
+                std::map<std::string, double>& acc) {
+  const PpoOptions& o = r.o;
+  at::Device d = r.actor.device();
+  r.actor_opt->zero_grad();
+  for (const Part& p : parts_of(ro.mask, s, n, o.micro_batch)) {
+    auto sel = [&](const at::Tensor& x) { return x.narrow(0, p.start, p.rows).to(d); };
+    at::Tensor mask = sel(ro.mask);
+    auto [logp, logits] = action_logp(r.actor, sel(ro.ids), sel(ro.attention));
+    PolicyLoss pl = policy_loss(logp, sel(t.old_logp), sel(t.advantages), mask, o.clip_low, o.clip_high, o.dual_clip);
+    (pl.loss * p.share).backward();
+    acc["entropy"] += p.share * masked_mean(entropy_from_logits(logits.detach()), mask).item<double>();
+    acc["policy_loss"] += p.share * pl.loss.item<double>();
+    acc["clip_fraction"] += p.share * pl.clip_fraction;
+    acc["dual_clip_fraction"] += p.share * pl.dual_clip_fraction;
+    acc["approx_kl"] += p.share * pl.approx_kl;
+  }
+  acc["actor_grad_norm"] += clip_and_step(*r.actor_opt, r.actor.parameters(), o.max_grad_norm);
+}
+
+// One critic step on a mini-batch, as actor_step.
+void critic_step(PpoRun& r, const Rollouts& ro, const Targets& t, int64_t s, int64_t n,
+                 std::map<std::string, double>& acc) {
+  const PpoOptions& o = r.o;
+  at::Device d = r.critic.trunk().device();
+  r.critic_opt->zero_grad();
+  for (const Part& p : parts_of(ro.mask, s, n, o.micro_batch)) {
+    auto sel = [&](const at::Tensor& x) { return x.narrow(0, p.start, p.rows).to(d); };
+    at::Tensor v = r.critic.values(sel(ro.ids), sel(ro.attention));
+    ValueLoss vl = value_loss(v.narrow(1, 0, v.size(1) - 1), sel(t.old_values), sel(t.returns), sel(ro.mask),
+                              o.value_clip);
+    (vl.loss * p.share).backward();
+    acc["value_loss"] += p.share * vl.loss.item<double>();
+    acc["value_clip_fraction"] += p.share * vl.clip_fraction;
+  }
+  acc["critic_grad_norm"] += clip_and_step(*r.critic_opt, r.critic.parameters(), o.max_grad_norm);
 }
 
 // ppo_epochs passes over the rows in mini-batches, one actor and one critic step each.
@@ -239,25 +295,11 @@ void update(PpoRun& r, const Rollouts& ro, const Targets& t, json& m) {
   const int64_t N = ro.ids.size(0), mb = o.mini_batch > 0 ? o.mini_batch : N;
   std::map<std::string, double> acc;
   int64_t updates = 0;
-  at::Device d = r.actor.device();
   for (int64_t e = 0; e < o.ppo_epochs; ++e)
     for (int64_t s = 0; s < N; s += mb, ++updates) {
-      auto sel = [&](const at::Tensor& x) { return x.narrow(0, s, std::min(mb, N - s)).to(d); };
-      Autocast cast(d, o.precision.bf16);  // closed after this mini-batch's optimizer steps
-      at::Tensor mask = sel(ro.mask);
-      auto [logp, logits] = action_logp(r.actor, sel(ro.ids), sel(ro.attention));
-      PolicyLoss pl = policy_loss(logp, sel(t.old_logp), sel(t.advantages), mask, o.clip_low, o.clip_high, o.dual_clip);
-      acc["entropy"] += masked_mean(entropy_from_logits(logits.detach()), mask).item<double>();
-      acc["actor_grad_norm"] += step_opt(*r.actor_opt, r.actor.parameters(), pl.loss, o.max_grad_norm);
-      acc["policy_loss"] += pl.loss.item<double>();
-      acc["clip_fraction"] += pl.clip_fraction;
-      acc["dual_clip_fraction"] += pl.dual_clip_fraction;
-      acc["approx_kl"] += pl.approx_kl;
-      at::Tensor v = r.critic.values(sel(ro.ids), sel(ro.attention));
-      ValueLoss vl = value_loss(v.narrow(1, 0, v.size(1) - 1), sel(t.old_values), sel(t.returns), mask, o.value_clip);
-      acc["critic_grad_norm"] += step_opt(*r.critic_opt, r.critic.parameters(), vl.loss, o.max_grad_norm);
-      acc["value_loss"] += vl.loss.item<double>();
-      acc["value_clip_fraction"] += vl.clip_fraction;
+      Autocast cast(r.actor.device(), o.precision.bf16);  // closed after this mini-batch's optimizer steps
+      actor_step(r, ro, t, s, std::min(mb, N - s), acc);
+      critic_step(r, ro, t, s, std::min(mb, N - s), acc);
     }
   for (auto& [k, v] : acc) m[k] = v / static_cast<double>(std::max<int64_t>(updates, 1));
   m["explained_variance"] = explained_variance(t.old_values, t.returns, ro.mask);
@@ -302,6 +344,7 @@ PpoResult train_ppo(const PpoOptions& o, const std::vector<Prompt>& prompts, con
   OPFORGE_CHECK(!prompts.empty(), "train ppo: no task prompts");
   OPFORGE_CHECK(o.batch > 0 && o.rollouts_per_task > 0 && o.ppo_epochs > 0, "--batch, --rollouts-per-task and "
                 "--ppo-epochs must be > 0");
+  OPFORGE_CHECK(o.mini_batch >= 0 && o.micro_batch >= 0, "--mini-batch and --micro-batch must be >= 0 (0: all at once)");
   fs::create_directories(o.out);
   spdlog::info("ppo options: {}", o.to_json().dump());
   bool resume = has_checkpoint(o.out);

@@ -21,6 +21,7 @@ namespace opforge::trainer {
 struct PpoOptions {
   std::filesystem::path actor, critic, out;  // critic empty: the actor's trunk with a zero value head
   int64_t steps = 150, batch = 8, rollouts_per_task = 4, ppo_epochs = 1, mini_batch = 0, max_new_tokens = 1024;
+  int64_t micro_batch = 0;  // answers per forward/backward within a mini-batch (0: the mini-batch at once)
   double lr = 3e-6, critic_lr = 6e-6, temperature = 1.0, top_p = 1.0;  // the paper's learning rates
   double clip_low = 0.2, clip_high = 0.2, dual_clip = 3.0, value_clip = 0.2, kl_coef = 0.0;
   double gamma = 1.0, lam = 1.0, max_grad_norm = 1.0, weight_decay = 0.0;
