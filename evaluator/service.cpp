@@ -267,6 +267,7 @@ class Engine {
   void judged_safely(const Work& w, WorkerResult&& r);
   void settle(Batch* b, std::size_t job);
   void complete(Batch* b, std::size_t job, std::optional<json> failure = std::nullopt);
+  void fail_job(Batch* b, std::size_t job, const std::string& why);
   void fail_handed_out(const std::string& why);
   void reap();
   void run_alone();
@@ -505,7 +506,7 @@ void Engine::fail_handed_out(const std::string& why) {
   }
   for (Batch* b : handed)
     for (std::size_t i = 0; i < b->subs.size(); ++i)
-      if (!b->answered[i]) complete(b, i, environment_failure("judge_error", why));
+      fail_job(b, i, why);
   waiting_.clear();
   alone_.clear();
   in_flight_ = 0;
@@ -548,6 +549,12 @@ std::vector<json> Engine::take_work(std::vector<Work>& feed) {
   return reqs;
 }
 
+// A job the judge could not finish (its error, not the solution's): answered judge_error, retryable,
+// unless it was answered already.
+void Engine::fail_job(Batch* b, std::size_t job, const std::string& why) {
+  if (!b->answered[job]) complete(b, job, environment_failure("judge_error", why));
+}
+
 // An error while a result is taken in (a row the judge could not make) is that job's
 // environment failure: it must not leave run_fed with workers still busy on its requests.
 void Engine::judged_safely(const Work& w, WorkerResult&& r) {
@@ -555,7 +562,7 @@ void Engine::judged_safely(const Work& w, WorkerResult&& r) {
     judged(w, std::move(r));
   } catch (const std::exception& e) {
     spdlog::error("a judged answer could not be taken in: {}", e.what());
-    if (!w.b->answered[w.job]) complete(w.b, w.job, environment_failure("judge_error", e.what()));
+    fail_job(w.b, w.job, e.what());
   }
 }
 
@@ -620,7 +627,7 @@ void Engine::run_baselines() {
       try {
         complete(b, job);
       } catch (const std::exception& e) {
-        if (!b->answered[job]) complete(b, job, environment_failure("judge_error", e.what()));
+        fail_job(b, job, e.what());
       }
     }
   });
@@ -670,7 +677,7 @@ void Engine::run_alone() {
     try {
       b->run->judge_again_alone(*judge_, b->run->jobs[job], seconds(Clock::now() - t0) < budget_s, budget_s);
     } catch (const std::exception& e) {
-      complete(b, job, environment_failure("judge_error", e.what()));
+      fail_job(b, job, e.what());
       continue;
     }
     settle(b, job);

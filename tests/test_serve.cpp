@@ -154,6 +154,17 @@ TEST(Serve, JudgesABatchOnceAndAnswersRepeatsFromTheCache) {
   EXPECT_EQ(s.get("/metrics")["counts"]["evaluated"], 3);
 }
 
+// An honest answer to linear_relu in plain torch: correct under torch-allowed with no extension
+// to build, so nothing of its own can outlast a hang's limit, whatever the build cache holds.
+json plain_torch_linear_relu() {
+  return {{"task_id", "linear_relu"},
+          {"solution_code",
+           "import torch.nn as nn\nimport torch.nn.functional as F\n\n\nclass ModelNew(nn.Module):\n"
+           "    def __init__(self, in_features, out_features):\n        super().__init__()\n"
+           "        self.linear = nn.Linear(in_features, out_features)\n\n"
+           "    def forward(self, x):\n        return F.relu(self.linear(x))\n"}};
+}
+
 // Answers leave one by one: an honest answer sent beside a hang (same moment, most likely the
 // same batch) comes back while the hang still runs, and the hang is then `timeout`. (Batches that
 // answered together made every answer wait for the slowest, up to --timeout-s.)
@@ -162,12 +173,7 @@ TEST(Serve, AnAnswerDoesNotWaitForASlowerOne) {
   // may take longer than the hang's limit, whatever the build cache holds.
   Server s({"-j", "2", "--timeout-s", "30", "--untimed", "--policy", "torch-allowed"});
   json hang = solution("linear_relu", test::fixtures() / "serve" / "hang.py");
-  json honest = {{"task_id", "linear_relu"},
-                 {"solution_code",
-                  "import torch.nn as nn\nimport torch.nn.functional as F\n\n\nclass ModelNew(nn.Module):\n"
-                  "    def __init__(self, in_features, out_features):\n        super().__init__()\n"
-                  "        self.linear = nn.Linear(in_features, out_features)\n\n"
-                  "    def forward(self, x):\n        return F.relu(self.linear(x))\n"}};
+  json honest = plain_torch_linear_relu();
   auto slow = std::async(std::launch::async, [&] { return s.post("/v1/evaluate", hang); });
   auto fast = std::async(std::launch::async, [&] { return s.post("/v1/evaluate", honest); });
   auto [st, a] = fast.get();
@@ -189,12 +195,7 @@ TEST(Serve, AnAnswerDoesNotWaitForASlowerOne) {
 TEST(Serve, BaselinesAreTimedWithNoSolutionInFlight) {
   Server s({"-j", "2", "--timeout-s", "20", "--policy", "torch-allowed"}, true);
   json hang = solution("linear_relu", test::fixtures() / "serve" / "hang.py");
-  json honest = {{"task_id", "linear_relu"},
-                 {"solution_code",
-                  "import torch.nn as nn\nimport torch.nn.functional as F\n\n\nclass ModelNew(nn.Module):\n"
-                  "    def __init__(self, in_features, out_features):\n        super().__init__()\n"
-                  "        self.linear = nn.Linear(in_features, out_features)\n\n"
-                  "    def forward(self, x):\n        return F.relu(self.linear(x))\n"}};
+  json honest = plain_torch_linear_relu();
   auto slow = std::async(std::launch::async, [&] { return s.post("/v1/evaluate", hang); });
   std::this_thread::sleep_for(std::chrono::seconds(1));  // the hang's batch first, the honest one after
   auto [st, h] = s.post("/v1/evaluate", honest);

@@ -250,13 +250,13 @@ std::vector<Part> parts_of(const at::Tensor& mask, int64_t s, int64_t n, int64_t
   return out;
 }
 
-// One actor step on a mini-batch, its parts' gradients accumulated; metrics weighted by share.
-void actor_step(PpoRun& r, const Rollouts& ro, const Targets& t, int64_t s, int64_t n,
+// One actor step on a mini-batch's parts, their gradients accumulated; metrics weighted by share.
+void actor_step(PpoRun& r, const Rollouts& ro, const Targets& t, const std::vector<Part>& parts,
                 std::map<std::string, double>& acc) {
   const PpoOptions& o = r.o;
   at::Device d = r.actor.device();
   r.actor_opt->zero_grad();
-  for (const Part& p : parts_of(ro.mask, s, n, o.micro_batch)) {
+  for (const Part& p : parts) {
     auto sel = [&](const at::Tensor& x) { return x.narrow(0, p.start, p.rows).to(d); };
     at::Tensor mask = sel(ro.mask);
     auto [logp, logits] = action_logp(r.actor, sel(ro.ids), sel(ro.attention));
@@ -271,13 +271,13 @@ void actor_step(PpoRun& r, const Rollouts& ro, const Targets& t, int64_t s, int6
   acc["actor_grad_norm"] += clip_and_step(*r.actor_opt, r.actor.parameters(), o.max_grad_norm);
 }
 
-// One critic step on a mini-batch, as actor_step.
-void critic_step(PpoRun& r, const Rollouts& ro, const Targets& t, int64_t s, int64_t n,
+// One critic step on a mini-batch's parts, as actor_step.
+void critic_step(PpoRun& r, const Rollouts& ro, const Targets& t, const std::vector<Part>& parts,
                  std::map<std::string, double>& acc) {
   const PpoOptions& o = r.o;
   at::Device d = r.critic.trunk().device();
   r.critic_opt->zero_grad();
-  for (const Part& p : parts_of(ro.mask, s, n, o.micro_batch)) {
+  for (const Part& p : parts) {
     auto sel = [&](const at::Tensor& x) { return x.narrow(0, p.start, p.rows).to(d); };
     at::Tensor v = r.critic.values(sel(ro.ids), sel(ro.attention));
     ValueLoss vl = value_loss(v.narrow(1, 0, v.size(1) - 1), sel(t.old_values), sel(t.returns), sel(ro.mask),
@@ -298,8 +298,9 @@ void update(PpoRun& r, const Rollouts& ro, const Targets& t, json& m) {
   for (int64_t e = 0; e < o.ppo_epochs; ++e)
     for (int64_t s = 0; s < N; s += mb, ++updates) {
       Autocast cast(r.actor.device(), o.precision.bf16);  // closed after this mini-batch's optimizer steps
-      actor_step(r, ro, t, s, std::min(mb, N - s), acc);
-      critic_step(r, ro, t, s, std::min(mb, N - s), acc);
+      const std::vector<Part> parts = parts_of(ro.mask, s, std::min(mb, N - s), o.micro_batch);
+      actor_step(r, ro, t, parts, acc);
+      critic_step(r, ro, t, parts, acc);
     }
   for (auto& [k, v] : acc) m[k] = v / static_cast<double>(std::max<int64_t>(updates, 1));
   m["explained_variance"] = explained_variance(t.old_values, t.returns, ro.mask);
