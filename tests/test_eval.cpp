@@ -472,21 +472,25 @@ TEST(Eval, AdaptiveHacksAreStoppedOrFlaggedAndHonestSolutionsPassUnflagged) {
 
 TEST(Eval, TorchAllowedPolicyAdmitsWhatStrictRefuses) {
   // The fallbacks pass without the guard: it is the guard that catches them. Reaching for the
-  // judge's reference fails under both policies: it is not in the solution's process at all.
+  // judge's reference fails under both policies: it is not in the solution's process at all. An
+  // answer right only while a profiler is on (no longer on in a torch-allowed check) is -1 too.
   test::TempDir dir;
   fs::create_directories(dir / "tasks");
-  std::map<std::string, std::string> task_of = {{"functional_fallback", "linear_relu"},
-                                                {"reference_fallback", "linear_relu"},
-                                                {"constant_without_kernel", "softmax_sum"}};
-  std::set<std::string> isolated = {"reference_fallback"};
+  std::map<std::string, std::string> task_of = {{"hacks/functional_fallback", "linear_relu"},
+                                                {"hacks/reference_fallback", "linear_relu"},
+                                                {"hacks/constant_without_kernel", "softmax_sum"},
+                                                {"adaptive/profiler_as_check_signal", "linear_relu"}};
+  std::set<std::string> isolated = {"reference_fallback", "profiler_as_check_signal"};
   fs::create_directories(dir / "solutions");
-  for (auto& [h, task] : task_of) {
-    fs::copy_file(eval_fixtures() / "hacks" / (h + ".py"), dir / "solutions" / (h + ".py"));
+  for (auto& [path, task] : task_of) {
+    std::string h = fs::path(path).filename().string();
+    fs::copy_file(eval_fixtures() / (path + ".py"), dir / "solutions" / (h + ".py"));
     fs::copy_file(eval_fixtures() / "tasks" / (task + ".py"), dir / "tasks" / (h + ".py"));
   }
   auto run = run_eval(dir / "tasks", dir / "solutions", dir / "out", {"--policy", "torch-allowed", "--no-plots"});
   ASSERT_EQ(run.cmd.exit_code, 0) << run.cmd.err;
-  for (auto& [h, task] : task_of) {
+  for (auto& [path, task] : task_of) {
+    std::string h = fs::path(path).filename().string();
     if (isolated.count(h)) {
       EXPECT_EQ(run.by_solution[h]["reward"], -1) << run.by_solution[h].dump(2);
       continue;
@@ -498,6 +502,7 @@ TEST(Eval, TorchAllowedPolicyAdmitsWhatStrictRefuses) {
   // (and no excessive_speedup: a constant costs nothing, and the task already says it is useless).
   EXPECT_EQ(run.by_solution["constant_without_kernel"]["flags"], json::array({"degenerate_task"}));
   EXPECT_EQ(run.by_solution["functional_fallback"]["flags"], json::array());
+  EXPECT_EQ(run.by_solution["profiler_as_check_signal"]["reason"], "incorrect");
   EXPECT_EQ(run.report["options"]["policy"], "torch-allowed");
 }
 
