@@ -361,8 +361,9 @@ TEST_F(Trainer, PpoRaisesASyntheticRewardAndAResumedRunEndsBitwiseIdentical) {
     }
     return out;
   };
-  auto run = [&](const std::string& out, int64_t steps, int64_t micro = 0) {
+  auto run = [&](const std::string& out, int64_t steps, int64_t micro = 0, double temperature = 1.0) {
     PpoOptions o;
+    o.temperature = temperature;
     o.actor = model("qwen2");
     o.out = d / out;
     o.steps = steps;
@@ -411,6 +412,10 @@ TEST_F(Trainer, PpoRaisesASyntheticRewardAndAResumedRunEndsBitwiseIdentical) {
     auto x = read_safetensors(d / "one" / f), y = read_safetensors(d / "micro" / f);
     for (auto& [name, w] : x) EXPECT_LT((w - y.at(name)).abs().max().item<double>(), 1e-5) << f << " " << name;
   }
+  // At a temperature other than 1 the update scores the tempered policy that drew the answers: its
+  // recomputed logprobs are the rollout's (raw logits left a gap of 0.92 nats a token at 1.7).
+  run("hot", 1, 0, 1.7);
+  EXPECT_LT(jsonl(d / "hot" / "metrics.jsonl")[0]["rollout_logp_gap"].get<double>(), 1e-4);
   run("split", 2);
   PpoResult resumed = run("split", 6);
   EXPECT_EQ(resumed.reward_mean.size(), 4u);

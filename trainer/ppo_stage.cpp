@@ -65,10 +65,15 @@ Rollouts collate_rollouts(const std::vector<std::vector<int64_t>>& prompts, cons
   return r;
 }
 
-// log p(next token) at every position [N, L - 1], and the logits they came from.
-std::pair<at::Tensor, at::Tensor> action_logp(const CausalLM& m, const at::Tensor& ids, const at::Tensor& attention) {
+// log p(next token) at every position [N, L - 1], and the logits they came from, both under
+// logits / temperature: the policy that drew the rollouts (generate.cpp records its logprobs so) is
+// the one whose ratio, KL and entropy the update weighs. Raw logits at a temperature other than 1
+// made every importance ratio off by the temperature's reshaping, even before the first update.
+std::pair<at::Tensor, at::Tensor> action_logp(const CausalLM& m, const at::Tensor& ids, const at::Tensor& attention,
+                                              double temperature) {
   at::Device d = m.device();
   at::Tensor logits = m.forward(ids.to(d), attention.to(d)).to(at::kFloat);
+  if (temperature != 1.0) logits = logits / temperature;
   int64_t L = ids.size(1);
   at::Tensor lp = logits.narrow(1, 0, L - 1).log_softmax(-1).gather(-1, ids.narrow(1, 1, L - 1).to(d).unsqueeze(-1));
   return {lp.squeeze(-1), logits.narrow(1, 0, L - 1)};
@@ -190,14 +195,14 @@ Targets targets(PpoRun& r, const Rollouts& ro, json& m) {
   at::NoGradGuard no_grad;
   const PpoOptions& o = r.o;
   Targets t;
-  t.old_logp = action_logp(r.actor, ro.ids, ro.attention).first.cpu();
+  t.old_logp = action_logp(r.actor, ro.ids, ro.attention, o.temperature).first.cpu();
   int64_t L = ro.ids.size(1);
   at::Device d = r.critic.trunk().device();
   t.old_values = r.critic.values(ro.ids.to(d), ro.attention.to(d)).narrow(1, 0, L - 1).cpu();
   at::Tensor rewards = at::zeros_like(t.old_logp);
   for (std::size_t i = 0; i < ro.last.size(); ++i) rewards[static_cast<int64_t>(i)][ro.last[i]] = ro.rewards[i];
   if (o.kl_coef > 0) {
-    at::Tensor ref = action_logp(r.ref, ro.ids, ro.attention).first.cpu();
+    at::Tensor ref = action_logp(r.ref, ro.ids, ro.attention, o.temperature).first.cpu();
     at::Tensor kl = kl_penalty(t.old_logp, ref, "k1") * ro.mask;
     rewards = rewards - o.kl_coef * kl;
     m["kl_ref"] = masked_mean(kl, ro.mask).item<double>();
@@ -259,7 +264,7 @@ void actor_step(PpoRun& r, const Rollouts& ro, const Targets& t, const std::vect
   for (const Part& p : parts) {
     auto sel = [&](const at::Tensor& x) { return x.narrow(0, p.start, p.rows).to(d); };
     at::Tensor mask = sel(ro.mask);
-    auto [logp, logits] = action_logp(r.actor, sel(ro.ids), sel(ro.attention));
+    auto [logp, logits] = action_logp(r.actor, sel(ro.ids), sel(ro.attention), o.temperature);
     PolicyLoss pl = policy_loss(logp, sel(t.old_logp), sel(t.advantages), mask, o.clip_low, o.clip_high, o.dual_clip);
     (pl.loss * p.share).backward();
     acc["entropy"] += p.share * masked_mean(entropy_from_logits(logits.detach()), mask).item<double>();
