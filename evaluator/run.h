@@ -71,9 +71,11 @@ struct PrestartRequest {
   std::string device, log_path;
   json launch;
   double timeout_s = 600;
+  std::string policy = "strict";  // strict: the spares also start the profiler its checks run under
 };
 inline void to_json(json& j, const PrestartRequest& r) {
-  j = {{"device", r.device}, {"launch", r.launch}, {"timeout_s", r.timeout_s}, {"log_path", r.log_path}};
+  j = {{"device", r.device}, {"launch", r.launch}, {"timeout_s", r.timeout_s}, {"log_path", r.log_path},
+       {"policy", r.policy}};
 }
 
 inline json request(const char* op, const json& args, double timeout_s) {

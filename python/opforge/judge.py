@@ -1080,7 +1080,7 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
             _release()
             if device.startswith("cuda"):
                 top_up_spares(launch, log, timeout_s)
-                _warm_spare(launch)
+                _warm_spare(launch, policy)
             result["phase_s"]["cleanup"] = time.perf_counter() - t_end
     return result
 
@@ -1108,7 +1108,7 @@ def _start(launch, log, timeout_s, device, result):
     return child, t1
 
 
-def eval_prestart(device, launch, timeout_s=600, log_path=None):
+def eval_prestart(device, launch, timeout_s=600, log_path=None, policy="strict"):
     """A judge worker's first spares, started before any solution reaches it (on a GPU only, like
     every spare), with their CUDA contexts made: without them the first solution of a run waits
     for a child's whole cold start. Waits until they have imported torch, so that a run's next
@@ -1124,16 +1124,19 @@ def eval_prestart(device, launch, timeout_s=600, log_path=None):
             live.remove(child)
             child.close()
             raise
-    _warm_spare(launch)
+    _warm_spare(launch, policy)
     return {"started": len(live), "cold_start_s": max(c.cold_start_s for c in live)}
 
 
-def _warm_spare(launch):
-    """Once a solution's timing is over, the spares may make their CUDA contexts."""
+def _warm_spare(launch, policy):
+    """Once a solution's timing is over, the spares may make their CUDA contexts and, under strict,
+    start the profiler up: a process's first profiler session costs 4-6 s on an H100 and the next
+    0.01 s (bench/profiler_startup.py, docs/gpu.md), and strict's first check runs under it, so a
+    spare that has not paid it makes its solution's checks pay. torch-allowed runs no profiler."""
     for spare in _SPARE.get(_key(launch), []):
         if not spare.posted and spare.proc.poll() is None:
             try:
-                spare.post("warm", "making the CUDA context")
+                spare.post("warm", "making the CUDA context", profiler=policy == "strict")
             except Verdict:
                 pass  # a broken spare is found and replaced when it is taken
 

@@ -63,5 +63,33 @@ class CheckedForward(unittest.TestCase):
             self.assertIsInstance(error, RuntimeError, policy)
 
 
+class WarmProfiler(unittest.TestCase):
+    """A strict judge's spares start the profiler up before a solution comes (op_warm), so its
+    first check does not pay Kineto's start; the warm-up must leave nothing on and see nothing of
+    a solution's."""
+
+    def test_warm_with_profiler_runs_one_session_and_leaves_it_off(self):
+        st = candidate.State(chan=None)
+        reply = candidate.op_warm(st, {"op": "warm", "profiler": True}, ())
+        self.assertGreaterEqual(reply["profiler_warm_s"], 0.0)
+        self.assertFalse(torch.autograd.profiler._is_profiler_enabled)
+        # A strict check after it is observed as before.
+        st.policy, st.model = "strict", _Seen()
+        st.slots = [[torch.arange(6.0).reshape(2, 3)]]
+        _, error, evidence = candidate._checked_forward(st)
+        self.assertIsNone(error)
+        self.assertEqual(st.model.profiled, [True])
+        self.assertIn("aten::view", evidence["ops"])
+
+    def test_plain_warm_starts_no_profiler(self):
+        self.assertEqual(candidate.op_warm(candidate.State(chan=None), {"op": "warm"}, ()), {})
+
+    def test_warm_with_profiler_is_refused_once_a_solution_is_in(self):
+        st = candidate.State(chan=None)
+        st.model = _Seen()
+        with self.assertRaises(candidate.Refused):
+            candidate.op_warm(st, {"op": "warm", "profiler": True}, ())
+
+
 if __name__ == "__main__":
     unittest.main()
