@@ -511,8 +511,11 @@ def op_warm(st, msg, fds):
         if st.model is not None or st.module is not None:
             raise Refused("protocol_error", "the profiler is warmed only before anything is loaded")
         t = time.perf_counter()
-        with _cpu_profiler():
-            torch.zeros(1).add_(1)
+        try:
+            with _cpu_profiler():
+                torch.zeros(1).add_(1)
+        except Exception as e:  # noqa: BLE001 - a spare's warm-up failing is no solution's verdict
+            return {"profiler_warm_error": f"{type(e).__name__}: {str(e)[:500]}"}
         return {"profiler_warm_s": time.perf_counter() - t}
     return {}
 
