@@ -233,9 +233,10 @@ case $step in
     # LEARN_ARGS: more options (e.g. "--bf16 --ppo-steps 30"); options a finished unit depends on
     # must stay the same across the calls of one run (the driver refuses a mismatch). The defaults
     # after the s28 run (docs/gpu.md): with the judge's checks at 0.0-0.6 s an answer, 16 prompts a
-    # step in mini-batches of 16 (8 prompts in mini-batches of 8 gave a train reward that swung 0.06-1.0 between
-    # steps with the task draw), an eval every 4 steps (every 2 was ~45% of the PPO time) and every
-    # test task (114). LEARN_BUDGET 1140: the run's last unit may pass the budget (1,217 s at 1200).
+    # step in mini-batches of 16 answers (8 prompts in mini-batches of 8 gave a train reward that
+    # swung 0.0-1.0 between steps with the task draw), an eval every 4 steps (every 2 was ~45% of
+    # the PPO time) and every test task (114). LEARN_BUDGET 1140: the run's last unit may pass the
+    # budget (1,215 s at 1200).
     CUDA_VISIBLE_DEVICES=0 timeout "$lt" $P bench/learning_run.py --corpus /tmp/lws/export --device cuda --out /tmp/lr \
       --opforge "$B" --stop-after-s $((lt - 45)) --time-budget-s "${LEARN_BUDGET:-1140}" --verify "${LEARN_VERIFY:-0}" \
       --judge-arg "${LEARN_JUDGE:--j $lj}" ${LEARN_ARGS:---test-tasks 0 --ppo-batch 16 --ppo-mini-batch 16 --eval-every 4 --sft-share 0.3 --ppo-lr 5e-5 --ppo-critic-lr 1e-4 --parallel-seeds} > "$OUT/learning.txt" 2>&1

@@ -415,7 +415,15 @@ TEST_F(Trainer, PpoRaisesASyntheticRewardAndAResumedRunEndsBitwiseIdentical) {
   // At a temperature other than 1 the update scores the tempered policy that drew the answers: its
   // recomputed logprobs are the rollout's (raw logits left a gap of 0.92 nats a token at 1.7).
   run("hot", 1, 0, 1.7);
-  EXPECT_LT(jsonl(d / "hot" / "metrics.jsonl")[0]["rollout_logp_gap"].get<double>(), 1e-4);
+  json hot = jsonl(d / "hot" / "metrics.jsonl")[0];
+  EXPECT_LT(hot["rollout_logp_gap"].get<double>(), 1e-4);
+  EXPECT_LT(std::abs(hot["kl_ref"].get<double>()), 1e-6) << "before its first update the actor is the reference";
+  try {
+    run("cold", 1, 0, 0.0);
+    ADD_FAILURE() << "--temperature 0 must be an error (the update divides by it)";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--temperature must be > 0"), std::string::npos) << e.what();
+  }
   run("split", 2);
   PpoResult resumed = run("split", 6);
   EXPECT_EQ(resumed.reward_mean.size(), 4u);

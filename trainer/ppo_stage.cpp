@@ -351,6 +351,11 @@ PpoResult train_ppo(const PpoOptions& o, const std::vector<Prompt>& prompts, con
   OPFORGE_CHECK(o.batch > 0 && o.rollouts_per_task > 0 && o.ppo_epochs > 0, "--batch, --rollouts-per-task and "
                 "--ppo-epochs must be > 0");
   OPFORGE_CHECK(o.mini_batch >= 0 && o.micro_batch >= 0, "--mini-batch and --micro-batch must be >= 0 (0: all at once)");
+  // The update scores logits / temperature (action_logp): 0 would divide by zero, and the policy
+  // server takes at most 2 (--multi-turn's episodes would fail every request).
+  OPFORGE_CHECK(o.temperature > 0, "--temperature must be > 0, not {} (PPO samples its answers)", o.temperature);
+  OPFORGE_CHECK(!episodes || o.temperature <= 2, "--multi-turn: --temperature must be <= 2 (the policy server's "
+                "limit), not {}", o.temperature);
   fs::create_directories(o.out);
   spdlog::info("ppo options: {}", o.to_json().dump());
   bool resume = has_checkpoint(o.out);

@@ -91,5 +91,26 @@ class WarmProfiler(unittest.TestCase):
             candidate.op_warm(st, {"op": "warm", "profiler": True}, ())
 
 
+@unittest.skipUnless(os.environ.get("OPFORGE_TEST_EXE"), "set OPFORGE_TEST_EXE to build/opforge (ctest does)")
+class SpareWarmReply(unittest.TestCase):
+    """The judge posts a spare's warm-up and collects its reply when a solution takes the spare:
+    what the reply said (the profiler's start-up seconds) is kept for the solution's row."""
+
+    def test_a_posted_profiler_warm_up_is_collected_with_its_seconds(self):
+        from opforge import judge
+
+        launch = {"exe": os.environ["OPFORGE_TEST_EXE"], "mode": "off",
+                  "spec": {"env": {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/tmp")}}}
+        with open(os.devnull, "ab") as log:
+            child = judge.Child(launch, log, timeout_s=120)
+            try:
+                child.post("warm", "warming the profiler", profiler=True)
+                child.must("floor", "measuring the floor")  # collects the warm-up's reply first
+                self.assertGreater(child.collected["warm"]["profiler_warm_s"], 0.0)
+                self.assertEqual(child.collected["warm"].keys(), {"profiler_warm_s"})
+            finally:
+                child.close()
+
+
 if __name__ == "__main__":
     unittest.main()
