@@ -1109,7 +1109,9 @@ def _start(launch, log, timeout_s, device, result):
     result["dispatch_parts"] = {"child_ready_s": time.perf_counter() - t1}
     # A spare's profiler warm-up under strict (seconds of Kineto's start, or why it failed): what
     # the solution's first check did not pay, and what ran beside the timing before it.
-    result["dispatch_parts"].update(child.collected.get("warm", {}))
+    # Only these two keys, so nothing a spare's reply carries can stand in for the judge's figures.
+    warm = child.collected.get("warm", {})
+    result["dispatch_parts"].update({k: warm[k] for k in ("profiler_warm_s", "profiler_warm_error") if k in warm})
     return child, t1
 
 
