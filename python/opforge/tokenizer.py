@@ -1,17 +1,24 @@
 """The tokenizer of a model folder, for opforge's trainer (trainer/tokenizer.h calls these through
 the embedded interpreter). transformers' own tokenizer and chat template, so opforge's token ids
-are the ones transformers (and vLLM) would make. Each function takes and returns JSON text."""
+are the ones transformers (and vLLM) would make; where transformers would only run the folder's
+tokenizer.json and template, opforge.light_tokenizer does the same without importing transformers
+(and torch). Each function takes and returns JSON text."""
 import json
 import re
+
+from opforge import light_tokenizer
 
 _CACHE = {}
 
 
 def _tok(model):
     if model not in _CACHE:
-        from transformers import AutoTokenizer
+        t = light_tokenizer.load(model)
+        if t is None:
+            from transformers import AutoTokenizer
 
-        _CACHE[model] = AutoTokenizer.from_pretrained(model)
+            t = AutoTokenizer.from_pretrained(model)
+        _CACHE[model] = t
     return _CACHE[model]
 
 
