@@ -62,8 +62,12 @@ def load(folder):
         if tk.token_to_id(_content(tok)) != int(idx):
             return None
     special = {k: _content(cfg[k]) for k in NAMED_SPECIAL if _content(cfg.get(k))}
-    if any(tk.token_to_id(v) is None for v in special.values()):
-        return None
+    extra = cfg.get("extra_special_tokens") or cfg.get("additional_special_tokens") or []
+    extra = [_content(t) for t in (extra.values() if isinstance(extra, dict) else extra)]
+    if any(tk.token_to_id(v) is None for v in list(special.values()) + extra):
+        return None  # transformers would add it to the vocabulary
+    if tk.get_vocab_size() > 100000:
+        return None  # transformers may patch the pre-tokenizer of such a vocabulary (Mistral's regex)
     return LightTokenizer(tk, special, template)
 
 

@@ -127,6 +127,8 @@ class LightTokenizer(unittest.TestCase):
             "space clean-up": lambda d: _edit_config(d, clean_up_tokenization_spaces=True),
             "named templates": lambda d: os.makedirs(os.path.join(d, "additional_chat_templates")),
             "no tokenizer.json": lambda d: os.remove(os.path.join(d, "tokenizer.json")),
+            "a special token tokenizer.json lacks": lambda d: _edit_config(
+                d, extra_special_tokens=MARKERS + ["<|not_in_the_vocabulary|>"]),
         }
         for why, change in cases.items():
             d = os.path.join(self.dir, "case")
