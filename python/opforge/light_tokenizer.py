@@ -1,84 +1,155 @@
-"""A model folder's tokenizer without importing transformers (which imports torch: 5-14 s at the
-start of every trainer process, most of `opforge generate`'s time to a first token).
+"""A model folder's tokenizer as transformers built it, reused without importing transformers
+(whose import pulls torch's Python side: 3 s on the CPU machine, 13.8 s of a 1-token
+`opforge generate` on an H100, paid by every trainer process).
 
-Only for folders where transformers itself does nothing but run `tokenizer.json` and render the
-chat template: the generic fast classes, one chat template, no legacy special-tokens file, no
-clean-up of decoded spaces. Anything else returns None from `load` and the caller uses
-transformers. The jinja environment is set up as transformers documents for chat templates
-(trimmed blocks, the sandbox, `loopcontrols`, `tojson` without HTML escaping, `raise_exception`,
-`strftime_now`) and gets the named special tokens as transformers passes them; the
-tests (tests/python/test_light_tokenizer.py) hold it to transformers token for token.
+The first process that loads a folder's tokenizer through transformers writes what transformers
+built (`remember`): its `tokenizers` backend serialised as it stands after transformers' loading
+(the model's own tokenizer class, added and special tokens, the versioned file it chose), the
+chat template, the variables transformers gives the template (its special-tokens map) and the
+eos and pad ids. Later processes load that (`load`) with `tokenizers` and render the template
+with jinja2 set up as transformers sets it up, so the ids and text are transformers'. The cache
+is keyed by the folder's small files (weights excluded: checkpoints of one tokenizer share it)
+and the transformers and tokenizers versions. A tokenizer whose class changes encoding, decoding
+or templating beyond that, that cleans up decoded spaces, or that has several named templates is
+not remembered: it stays on transformers. tests/python/test_light_tokenizer.py holds the two to
+the same ids, text, chat rows and errors; OPFORGE_TOKENIZER=transformers turns the reuse off.
 """
+import hashlib
 import json
 import os
 from datetime import datetime
 
-# Classes that are tokenizer.json as it is (transformers 5 writes TokenizersBackend for a
-# tokenizer made from a `tokenizers` object; 4.x wrote PreTrainedTokenizerFast).
-GENERIC_CLASSES = {"TokenizersBackend", "PreTrainedTokenizerFast"}
-NAMED_SPECIAL = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+FORMAT = 1
+WEIGHTS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack")
+BIG = 256 << 20
 
 
-def _content(v):
-    return v.get("content") if isinstance(v, dict) else v
+def _cache_dir():
+    d = os.environ.get("OPFORGE_TOKENIZER_CACHE")
+    return d or os.path.join(os.path.expanduser("~"), ".cache", "opforge", "tokenizers")
 
 
-def _template(folder, cfg):
-    """The folder's single chat template (chat_template.jinja first, as transformers 5 saves it),
-    '' when it has none, None when it has several (named templates: transformers picks)."""
-    if os.path.isdir(os.path.join(folder, "additional_chat_templates")):
+def _key(folder):
+    """The cache file of `folder`: its files other than weights (names, sizes and contents) and
+    the library versions that built and read it. None when the folder cannot be read."""
+    import tokenizers
+
+    try:
+        import importlib.metadata as md
+
+        tf = md.version("transformers")
+    except Exception:  # noqa: BLE001 - no transformers: nothing was or can be remembered
         return None
-    path = os.path.join(folder, "chat_template.jinja")
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    if os.path.isfile(os.path.join(folder, "chat_template.json")):
+    h = hashlib.sha256(f"{FORMAT} {tf} {tokenizers.__version__}".encode())
+    try:
+        # Subfolders too: transformers reads additional_chat_templates/ beside the files.
+        for base, dirs, files in os.walk(folder):
+            dirs.sort()
+            for name in sorted(files):
+                p = os.path.join(base, name)
+                if name.endswith(WEIGHTS) or not os.path.isfile(p):
+                    continue
+                h.update(os.path.relpath(p, folder).encode() + b"\0")
+                st = os.stat(p)
+                if st.st_size > BIG:  # not a tokenizer's: its size and time stand for it
+                    h.update(f"{st.st_size} {st.st_mtime_ns}".encode())
+                    continue
+                with open(p, "rb") as f:
+                    h.update(hashlib.sha256(f.read()).digest())
+    except OSError:
         return None
-    t = cfg.get("chat_template")
-    if t is None:
-        return ""
-    return t if isinstance(t, str) else None
+    return os.path.join(_cache_dir(), h.hexdigest()[:32] + ".json")
 
 
 def load(folder):
-    """A LightTokenizer for `folder`, or None where transformers' own class is needed."""
+    """The folder's remembered tokenizer, or None (not remembered yet, or the reuse is off)."""
     if os.environ.get("OPFORGE_TOKENIZER") == "transformers":
         return None
-    cfg_path, tj = os.path.join(folder, "tokenizer_config.json"), os.path.join(folder, "tokenizer.json")
-    if not (os.path.isfile(cfg_path) and os.path.isfile(tj)) or os.path.isfile(
-            os.path.join(folder, "special_tokens_map.json")):
+    path = _key(folder)
+    if path is None or not os.path.isfile(path):
         return None
-    with open(cfg_path, encoding="utf-8") as f:
-        cfg = json.load(f)
-    template = _template(folder, cfg)
-    if cfg.get("tokenizer_class") not in GENERIC_CLASSES or cfg.get("clean_up_tokenization_spaces") or template is None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return LightTokenizer(json.load(f))
+    except Exception:  # noqa: BLE001 - a damaged or foreign entry: transformers loads it again
         return None
-    from tokenizers import Tokenizer
 
-    tk = Tokenizer.from_file(tj)
-    # transformers adds the config's added tokens to the backend when they are missing from it;
-    # a folder where that would change the vocabulary is left to transformers.
-    for idx, tok in (cfg.get("added_tokens_decoder") or {}).items():
-        if tk.token_to_id(_content(tok)) != int(idx):
-            return None
-    special = {k: _content(cfg[k]) for k in NAMED_SPECIAL if _content(cfg.get(k))}
-    extra = cfg.get("extra_special_tokens") or cfg.get("additional_special_tokens") or []
-    extra = [_content(t) for t in (extra.values() if isinstance(extra, dict) else extra)]
-    if any(tk.token_to_id(v) is None for v in list(special.values()) + extra):
-        return None  # transformers would add it to the vocabulary
-    if tk.get_vocab_size() > 100000:
-        return None  # transformers may patch the pre-tokenizer of such a vocabulary (Mistral's regex)
-    return LightTokenizer(tk, special, template)
+
+def remember(folder, t):
+    """After transformers loaded `folder` as `t`: keep what it built, when a later process can
+    reuse it exactly. A cache that cannot be written only costs the next process the slow load."""
+    entry = _entry(t)
+    path = _key(folder)
+    if entry is None or path is None or not _same(t, LightTokenizer(entry)):
+        return
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(entry, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+# What transformers' generic fast tokenizer does on the paths opforge uses: these must be the
+# class's own, not a model class's override, for the backend alone to give the same result.
+_PATH_METHODS = ("encode", "_encode_plus", "decode", "_decode", "apply_chat_template", "get_chat_template",
+                 "convert_tokens_to_ids")
+
+
+def _entry(t):
+    try:
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return None
+    if not isinstance(t, TokenizersBackend) or any(
+            getattr(type(t), m, None) is not getattr(TokenizersBackend, m, None) for m in _PATH_METHODS):
+        return None
+    template = getattr(t, "chat_template", None)
+    if getattr(t, "clean_up_tokenization_spaces", False) or not (template is None or isinstance(template, str)):
+        return None
+    return {"format": FORMAT, "backend": t.backend_tokenizer.to_str(), "chat_template": template,
+            "template_kwargs": dict(t.special_tokens_map), "eos_token_id": t.eos_token_id,
+            "pad_token_id": t.pad_token_id, "split_special_tokens": bool(getattr(t, "split_special_tokens", False)),
+            "class": type(t).__name__}
+
+
+def _same(t, light):
+    """The serialised backend read back gives transformers' ids and text for every added token
+    and a probe of them in text. `tokenizers` keeps a token once added as special in its special
+    set even when a config re-adds it as an ordinary one, and serialises only the last flags."""
+    added = sorted(t.backend_tokenizer.get_added_tokens_decoder().items())
+    ids = [i for i, _ in added] + list(range(min(t.backend_tokenizer.get_vocab_size(), 64)))
+    for skip in (True, False):
+        if any(light.decode([i], skip_special_tokens=skip) != t.decode([i], skip_special_tokens=skip) for i in ids):
+            return False
+        if light.decode(ids, skip_special_tokens=skip) != t.decode(ids, skip_special_tokens=skip):
+            return False
+    contents = [a.content for _, a in added]
+    for probe in (" ".join(contents) + " x y\n", "a".join(contents) + "a", "def f(x): return x + 1"):
+        if light.encode(probe) != t.encode(probe, add_special_tokens=False):
+            return False
+    return True
 
 
 class LightTokenizer:
-    """The subset of transformers' tokenizer that opforge.tokenizer uses."""
+    """The subset of transformers' tokenizer that opforge.tokenizer and opforge.chat_tools use."""
 
-    def __init__(self, tk, special, template):
-        self._tk, self._special = tk, special
-        self.chat_template = template or None
-        self.eos_token_id = tk.token_to_id(special["eos_token"]) if "eos_token" in special else None
-        self.pad_token_id = tk.token_to_id(special["pad_token"]) if "pad_token" in special else None
+    def __init__(self, entry):
+        from tokenizers import Tokenizer
+
+        if entry.get("format") != FORMAT:
+            raise ValueError("another cache format")
+        self._tk = Tokenizer.from_str(entry["backend"])
+        # transformers encodes with the backend's padding and truncation off, and its own choice
+        # of splitting special tokens.
+        self._tk.no_padding()
+        self._tk.no_truncation()
+        self._tk.encode_special_tokens = entry["split_special_tokens"]
+        self.chat_template = entry["chat_template"]
+        self._kwargs = entry["template_kwargs"]
+        self.eos_token_id, self.pad_token_id = entry["eos_token_id"], entry["pad_token_id"]
         self._compiled = None
 
     def encode(self, text, add_special_tokens=False):
@@ -88,17 +159,28 @@ class LightTokenizer:
         return self._tk.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def apply_chat_template(self, messages, tools=None, add_generation_prompt=False, tokenize=False):
+        """transformers' rendering of one conversation: its checks, its variables."""
         if tokenize:
             raise ValueError("LightTokenizer.apply_chat_template renders text only (tokenize=False)")
-        if not messages:  # as transformers
+        if not self.chat_template:
+            raise ValueError("Cannot use chat template functions because tokenizer.chat_template is not set")
+        if isinstance(messages, (list, tuple)) and not messages:
             raise ValueError("Cannot apply chat template to an empty conversation. Provide at least one message.")
+        if not isinstance(messages, (list, tuple)) or not all(isinstance(m, dict) for m in messages):
+            raise ValueError("a conversation is a list of messages (one conversation, not a batch)")
+        if tools is not None and not all(isinstance(x, dict) for x in tools):
+            raise ValueError("Tools should either be a JSON schema, or a callable function with type hints "
+                             "and a docstring suitable for auto-conversion to a schema.")
         if self._compiled is None:
             self._compiled = _environment().from_string(self.chat_template)
-        return self._compiled.render(**self._special, messages=messages, tools=tools, documents=None,
+        return self._compiled.render(**self._kwargs, messages=messages, tools=tools, documents=None,
                                      add_generation_prompt=add_generation_prompt)
 
 
 def _environment():
+    """jinja2 as transformers documents it for chat templates: the immutable sandbox, trimmed
+    blocks, loop controls, `tojson` without HTML escaping, raise_exception, strftime_now, and the
+    `{% generation %}` tag (it marks assistant text for transformers' assistant mask; rendered as is)."""
     import jinja2
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -107,7 +189,6 @@ def _environment():
         raise jinja2.exceptions.TemplateError(message)
 
     def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        # Jinja's own tojson escapes HTML characters; chat templates want the JSON as it is.
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
@@ -123,8 +204,6 @@ def _generation_tag():
     from jinja2.ext import Extension
 
     class GenerationTag(Extension):
-        """`{% generation %}...{% endgeneration %}` (templates that mark assistant text for
-        transformers' assistant mask) renders its body unchanged."""
         tags = {"generation"}
 
         def parse(self, parser):

@@ -1,8 +1,8 @@
 """The tokenizer of a model folder, for opforge's trainer (trainer/tokenizer.h calls these through
 the embedded interpreter). transformers' own tokenizer and chat template, so opforge's token ids
-are the ones transformers (and vLLM) would make; where transformers would only run the folder's
-tokenizer.json and template, opforge.light_tokenizer does the same without importing transformers
-(and torch). Each function takes and returns JSON text."""
+are the ones transformers (and vLLM) would make. What transformers built for a folder is reused by
+later processes without importing transformers and torch (opforge.light_tokenizer). Each function
+takes and returns JSON text."""
 import json
 import re
 
@@ -18,6 +18,7 @@ def _tok(model):
             from transformers import AutoTokenizer
 
             t = AutoTokenizer.from_pretrained(model)
+            light_tokenizer.remember(model, t)
         _CACHE[model] = t
     return _CACHE[model]
 
