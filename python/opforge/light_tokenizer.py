@@ -3,10 +3,10 @@
 `opforge generate` on an H100, paid by every trainer process).
 
 The first process that loads a folder's tokenizer through transformers writes what transformers
-built (`remember`): its `tokenizers` backend serialised as it stands after transformers' loading
+built (`load_or_build`): its `tokenizers` backend serialised as it stands after transformers' loading
 (the model's own tokenizer class, added and special tokens, the versioned file it chose), the
 chat template, the variables transformers gives the template (its special-tokens map) and the
-eos and pad ids. Later processes load that (`load`) with `tokenizers` and render the template
+eos and pad ids. Later processes load that with `tokenizers` and render the template
 with jinja2 set up as transformers sets it up, so the ids and text are transformers'. The cache
 is keyed by the folder's small files (weights excluded: checkpoints of one tokenizer share it)
 and the transformers and tokenizers versions. A tokenizer whose class changes encoding, decoding
@@ -25,8 +25,10 @@ BIG = 256 << 20
 
 
 def _cache_dir():
+    """OPFORGE_TOKENIZER_CACHE, else beside the judge's cache (evaluator's default_cache_dir)."""
     d = os.environ.get("OPFORGE_TOKENIZER_CACHE")
-    return d or os.path.join(os.path.expanduser("~"), ".cache", "opforge", "tokenizers")
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return d or os.path.join(base, "opforge", "tokenizers")
 
 
 def _key(folder):
@@ -63,10 +65,22 @@ def _key(folder):
 
 def load(folder):
     """The folder's remembered tokenizer, or None (not remembered yet, or the reuse is off)."""
-    if os.environ.get("OPFORGE_TOKENIZER") == "transformers":
-        return None
+    return _read(_key(folder))
+
+
+def load_or_build(folder, build):
+    """The folder's tokenizer: the remembered one, else `build(folder)` (transformers'), kept for
+    later processes when they can reuse it exactly. The folder is hashed once for both."""
     path = _key(folder)
-    if path is None or not os.path.isfile(path):
+    t = _read(path)
+    if t is None:
+        t = build(folder)
+        _remember(path, t)
+    return t
+
+
+def _read(path):
+    if os.environ.get("OPFORGE_TOKENIZER") == "transformers" or path is None or not os.path.isfile(path):
         return None
     try:
         with open(path, encoding="utf-8") as f:
@@ -75,11 +89,10 @@ def load(folder):
         return None
 
 
-def remember(folder, t):
-    """After transformers loaded `folder` as `t`: keep what it built, when a later process can
-    reuse it exactly. A cache that cannot be written only costs the next process the slow load."""
+def _remember(path, t):
+    """Keeps what transformers built as `t` at `path`. A cache that cannot be written only costs
+    the next process the slow load."""
     entry = _entry(t)
-    path = _key(folder)
     if entry is None or path is None or not _same(t, LightTokenizer(entry)):
         return
     try:
@@ -111,8 +124,7 @@ def _entry(t):
         return None
     return {"format": FORMAT, "backend": t.backend_tokenizer.to_str(), "chat_template": template,
             "template_kwargs": dict(t.special_tokens_map), "eos_token_id": t.eos_token_id,
-            "pad_token_id": t.pad_token_id, "split_special_tokens": bool(getattr(t, "split_special_tokens", False)),
-            "class": type(t).__name__}
+            "pad_token_id": t.pad_token_id, "split_special_tokens": bool(getattr(t, "split_special_tokens", False))}
 
 
 def _same(t, light):

@@ -11,15 +11,15 @@ from opforge import light_tokenizer
 _CACHE = {}
 
 
+def _transformers(model):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model)
+
+
 def _tok(model):
     if model not in _CACHE:
-        t = light_tokenizer.load(model)
-        if t is None:
-            from transformers import AutoTokenizer
-
-            t = AutoTokenizer.from_pretrained(model)
-            light_tokenizer.remember(model, t)
-        _CACHE[model] = t
+        _CACHE[model] = light_tokenizer.load_or_build(model, _transformers)
     return _CACHE[model]
 
 
