@@ -237,11 +237,14 @@ case $step in
     # swung 0.0-1.0 between steps with the task draw), an eval every 4 steps (every 2 was ~45% of
     # the PPO time) and every test task (114). LEARN_BUDGET 1140: the run's last unit may pass the
     # budget (1,215 s at 1200).
-    # --kl-coef 0.05 (s29): in s28 seed 2 drifted from 0.87 to 0.82 over its last steps into answers
-    # the SFT model did not write (task copies with a line added); a KL to the SFT actor holds it near.
+    # --ppo-advantage rloo (s30): in s29 (GAE, --kl-coef 0.05) pass@1 stayed flat from a 0.92 start,
+    # in s28 (GAE, no KL) it rose early and then drifted. Most of a step's prompts had 4 answers of one
+    # reward (all correct), whose whitened GAE advantages are the critic's error at unit scale: noise
+    # that AdamW turns into full-size steps. RLOO gives such groups 0 and learns only from prompts
+    # whose answers differ (metrics' mixed_groups); no KL (a per-answer KL sum would add its own noise).
     CUDA_VISIBLE_DEVICES=0 timeout "$lt" $P bench/learning_run.py --corpus /tmp/lws/export --device cuda --out /tmp/lr \
       --opforge "$B" --stop-after-s $((lt - 45)) --time-budget-s "${LEARN_BUDGET:-1140}" --verify "${LEARN_VERIFY:-0}" \
-      --judge-arg "${LEARN_JUDGE:--j $lj}" ${LEARN_ARGS:---test-tasks 0 --ppo-batch 16 --ppo-mini-batch 16 --eval-every 4 --sft-share 0.3 --ppo-lr 5e-5 --ppo-critic-lr 1e-4 --kl-coef 0.05 --parallel-seeds} > "$OUT/learning.txt" 2>&1
+      --judge-arg "${LEARN_JUDGE:--j $lj}" ${LEARN_ARGS:---test-tasks 0 --ppo-batch 16 --ppo-mini-batch 16 --eval-every 4 --sft-share 0.3 --ppo-lr 5e-5 --ppo-critic-lr 1e-4 --ppo-advantage rloo --parallel-seeds} > "$OUT/learning.txt" 2>&1
     echo "learning run rc $? (0: done, 3: partial, call again; 124: timeout)" >> "$OUT/learning.txt"
     resolve_stacks /tmp/lr/*.log >> "$OUT/learning.txt"
     cp /tmp/lr/results.json /tmp/lr/summary.md /tmp/lr/learning_run.png "$OUT"/ 2> /dev/null

@@ -618,7 +618,7 @@ def run_ppo_chunk(run, actor0, train_tasks, d, seed, ps, step):
         "--batch", str(cfg["ppo_batch"]), "--rollouts-per-task", str(cfg["rollouts"]), "--max-new-tokens",
         str(cfg["max_new"]), "--lr", str(args.ppo_lr), "--critic-lr", str(args.ppo_critic_lr), "--kl-coef",
         str(args.kl_coef), "--seed", str(seed), "--device", args.device, "--ppo-epochs", str(cfg["ppo_epochs"]),
-        "--mini-batch", str(cfg["ppo_mini_batch"])] + (["--bf16"] if args.bf16 else [])
+        "--mini-batch", str(cfg["ppo_mini_batch"]), "--advantage", args.ppo_advantage] + (["--bf16"] if args.bf16 else [])
        + judge_args(run), logfile=d + ".log")
     with run.lock:
         ps["trained_to"], ps["train_s"] = step, round(time.time() - t, 1)
@@ -891,6 +891,8 @@ def parse_args():
     ap.add_argument("--ppo-lr", type=float, default=1e-5)
     ap.add_argument("--ppo-critic-lr", type=float, default=2e-5)
     ap.add_argument("--kl-coef", type=float, default=0.0)
+    ap.add_argument("--ppo-advantage", choices=["gae", "rloo", "grpo"], default="gae",
+                    help="train ppo's --advantage: gae (critic) or a group-relative, critic-free estimator")
     ap.add_argument("--plateau-rel", type=float, default=0.01, help="a val_loss gain below this share is no gain")
     ap.add_argument("--plateau-patience", type=int, default=3, help="chunks without a gain before SFT stops")
     ap.add_argument("--judge-arg", action="append",
@@ -926,7 +928,7 @@ def check_fingerprint(run, train, test):
     ids = lambda rs: hashlib.sha1("\n".join(str(r.get("id")) for r in rs).encode()).hexdigest()  # noqa: E731
     fp = {"config": {k: v for k, v in run.cfg.items() if k != "max_new"}, "seeds": run.seeds, "device": a.device,
           "train_ids": ids(train), "test_ids": ids(test), "sft_lr": a.sft_lr, "ppo_lr": a.ppo_lr,
-          "ppo_critic_lr": a.ppo_critic_lr, "kl_coef": a.kl_coef, "plateau": [a.plateau_rel, a.plateau_patience],
+          "ppo_critic_lr": a.ppo_critic_lr, "kl_coef": a.kl_coef, "advantage": a.ppo_advantage, "plateau": [a.plateau_rel, a.plateau_patience],
           "bf16": a.bf16, "copy": [a.copy_db, a.copy_records]}
     old = run.state.setdefault("fingerprint", fp)
     diff = sorted(k for k in set(fp) | set(old) if fp.get(k) != old.get(k))

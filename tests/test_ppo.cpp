@@ -288,3 +288,37 @@ TEST(Ppo, ExplainedVarianceDegenerateIsZero) {
   EXPECT_EQ(explained_variance(F({0, 1}, {1, 2}), F({2, 2}, {1, 2}), F({1, 1}, {1, 2})), 0.0);
   EXPECT_EQ(explained_variance(F({0, 1}, {1, 2}), F({1, 2}, {1, 2}), F({0, 0}, {1, 2})), 0.0);
 }
+
+TEST(Ppo, GroupAdvantagesRlooLeavesOneOut) {
+  // Group a: rewards 1, 1, 1, -1. Each 1 against the mean of the others (1 + 1 - 1) / 3 = 1/3:
+  // 1 - 1/3 = 2/3; the -1 against (1 + 1 + 1) / 3 = 1: -1 - 1 = -2.
+  // Group b (interleaved with a): 3, 1 -> 3 - 1 = 2, 1 - 3 = -2. Group c: all 1 -> 0 each.
+  // Group d: one answer, nothing to compare it with -> 0.
+  std::vector<double> r = {1, 3, 1, 1, -1, 1, 1, 1, 2};
+  std::vector<std::string> g = {"a", "b", "a", "a", "a", "b", "c", "c", "d"};
+  std::vector<double> want = {2.0 / 3, 2, 2.0 / 3, 2.0 / 3, -2, -2, 0, 0, 0};
+  std::vector<double> got = group_advantages(r, g, "rloo");
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-12) << "sample " << i;
+}
+
+TEST(Ppo, GroupAdvantagesGrpoIsStandardisedWithinTheGroup) {
+  // Group a: 1, 1, 1, -1: mean 0.5, deviations 0.5, 0.5, 0.5, -1.5; unbiased variance
+  // (3 * 0.25 + 2.25) / 3 = 1, std 1 -> 0.5, 0.5, 0.5, -1.5 (over 1 + 1e-6).
+  // Group b: 3, 1: mean 2, variance (1 + 1) / 1 = 2, std 1.4142136 -> +-0.7071068.
+  // Group c: 2, 2: std 0 -> 0 / 1e-6 = 0.
+  std::vector<double> r = {1, 1, 1, -1, 3, 1, 2, 2};
+  std::vector<std::string> g = {"a", "a", "a", "a", "b", "b", "c", "c"};
+  std::vector<double> want = {0.5, 0.5, 0.5, -1.5, 0.7071068, -0.7071068, 0, 0};
+  std::vector<double> got = group_advantages(r, g, "grpo");
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5) << "sample " << i;
+}
+
+TEST(Ppo, GroupAdvantagesRejectsAnUnknownKindAndMismatchedSizes) {
+  auto msg = error_of([] { group_advantages({1, 2}, {"a", "a"}, "gae"); });
+  EXPECT_NE(msg.find("gae"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rloo or grpo"), std::string::npos) << msg;
+  msg = error_of([] { group_advantages({1, 2}, {"a"}, "rloo"); });
+  EXPECT_NE(msg.find("2 rewards for 1 group ids"), std::string::npos) << msg;
+}

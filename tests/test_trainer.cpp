@@ -14,6 +14,7 @@
 #include "files.h"
 #include "generate.h"
 #include "model.h"
+#include "checkpoint.h"
 #include "ppo_stage.h"
 #include "opforge/core/error.h"
 #include "opforge/core/hash.h"
@@ -342,40 +343,52 @@ TEST_F(Trainer, SftLowersTheLossAndAResumedRunEndsBitwiseIdentical) {
 }
 
 
-// PPO on a reward whose rise is certain: the share of an answer's tokens in a chosen tenth of the
-// vocabulary. Its mean over the last two steps must beat the first step's, a step in micro-batches
-// is the whole mini-batches' step, and a run stopped after 2 steps and resumed to 4 ends with the
-// bytes of a run of 4 (actor and critic).
-TEST_F(Trainer, PpoRaisesASyntheticRewardAndAResumedRunEndsBitwiseIdentical) {
-  TempDir d;
-  Tokenizer tok(model("qwen2"));
-  std::vector<Prompt> prompts = {{"a", {5, 9, 30}}, {"b", {17, 3}}, {"c", {40, 41, 42, 43}}, {"d", {8}}};
-  RewardFn share = [](const std::vector<std::string>& ids, const std::vector<std::string>&,
-                      const std::vector<std::vector<int64_t>>& tokens) {
+// A reward whose rise is certain: the share of an answer's tokens in a chosen tenth of the
+// vocabulary. Task "d"'s answers are never judged: a null reward drops them, it does not score them.
+RewardFn token_share_reward() {
+  return [](const std::vector<std::string>& ids, const std::vector<std::string>&,
+            const std::vector<std::vector<int64_t>>& tokens) {
     std::vector<std::optional<double>> out;
     for (std::size_t i = 0; i < ids.size(); ++i) {
       double hit = 0;
       for (auto t : tokens[i]) hit += t % 10 == 3;
-      // Task "d"'s answers are never judged: a null reward drops them, it does not score them.
       out.push_back(ids[i] == "d" ? std::nullopt : std::optional<double>(hit / static_cast<double>(tokens[i].size())));
     }
     return out;
   };
+}
+
+std::vector<Prompt> synthetic_prompts() { return {{"a", {5, 9, 30}}, {"b", {17, 3}}, {"c", {40, 41, 42, 43}}, {"d", {8}}}; }
+
+// Small, fast PPO options on the tiny Qwen2 fixture: 4 prompts x 6 answers of 8 tokens a step.
+PpoOptions synthetic_ppo(const fs::path& actor, const fs::path& out, int64_t steps) {
+  PpoOptions o;
+  o.actor = actor;
+  o.out = out;
+  o.steps = steps;
+  o.batch = 4;
+  o.rollouts_per_task = 6;
+  o.max_new_tokens = 8;
+  o.lr = 2e-3;
+  o.critic_lr = 2e-3;
+  o.ppo_epochs = 2;
+  o.mini_batch = 9;
+  o.kl_coef = 0.01;
+  return o;
+}
+
+// PPO on the synthetic reward. Its mean over the last two steps must beat the first step's, a step
+// in micro-batches is the whole mini-batches' step, and a run stopped after 2 steps and resumed to 4
+// ends with the bytes of a run of 4 (actor and critic).
+TEST_F(Trainer, PpoRaisesASyntheticRewardAndAResumedRunEndsBitwiseIdentical) {
+  TempDir d;
+  Tokenizer tok(model("qwen2"));
+  std::vector<Prompt> prompts = synthetic_prompts();
+  RewardFn share = token_share_reward();
   auto run = [&](const std::string& out, int64_t steps, int64_t micro = 0, double temperature = 1.0) {
-    PpoOptions o;
+    PpoOptions o = synthetic_ppo(model("qwen2"), d / out, steps);
     o.temperature = temperature;
-    o.actor = model("qwen2");
-    o.out = d / out;
-    o.steps = steps;
-    o.batch = 4;
-    o.rollouts_per_task = 6;
-    o.max_new_tokens = 8;
-    o.lr = 2e-3;
-    o.critic_lr = 2e-3;
-    o.ppo_epochs = 2;
-    o.mini_batch = 9;
     o.micro_batch = micro;
-    o.kl_coef = 0.01;
     return train_ppo(o, prompts, tok, share);
   };
   PpoResult whole = run("whole", 6);
@@ -433,6 +446,41 @@ TEST_F(Trainer, PpoRaisesASyntheticRewardAndAResumedRunEndsBitwiseIdentical) {
               read_file(d / "split" / "critic" / "value_head.safetensors"));
 }
 
+
+// --advantage rloo: no critic is loaded, trained or written; the synthetic reward still rises; a
+// resumed run ends bitwise identical; a checkpoint of one estimator is not resumed with another.
+TEST_F(Trainer, PpoWithGroupAdvantagesRaisesTheRewardWithoutACritic) {
+  TempDir d;
+  Tokenizer tok(model("qwen2"));
+  auto run = [&](const std::string& out, int64_t steps, const std::string& advantage = "rloo") {
+    PpoOptions o = synthetic_ppo(model("qwen2"), d / out, steps);
+    o.advantage = advantage;
+    return train_ppo(o, synthetic_prompts(), tok, token_share_reward());
+  };
+  PpoResult whole = run("whole", 6);
+  ASSERT_EQ(whole.reward_mean.size(), 6u);
+  double last = (whole.reward_mean[4] + whole.reward_mean[5]) / 2;
+  EXPECT_GT(last, whole.reward_mean[0] + 0.1) << "first " << whole.reward_mean[0] << ", last two " << last;
+  EXPECT_TRUE(whole.critic_dir.empty());
+  EXPECT_FALSE(fs::exists(d / "whole" / "critic"));
+  EXPECT_FALSE(fs::exists(checkpoint_dir(d / "whole", "critic")));
+  json first = jsonl(d / "whole" / "metrics.jsonl")[0];
+  EXPECT_FALSE(first.contains("value_loss") || first.contains("explained_variance")) << first;
+  // The share of 8 sampled tokens differs between a prompt's 6 answers: every judged group is mixed.
+  EXPECT_EQ(first["mixed_groups"].get<double>(), 1.0) << first;
+  for (const char* k : {"approx_kl", "entropy", "policy_loss", "clip_fraction", "kl_ref"})
+    EXPECT_TRUE(first.contains(k) && std::isfinite(first[k].get<double>())) << k;
+  run("split", 2);
+  PpoResult resumed = run("split", 6);
+  EXPECT_EQ(resumed.reward_mean.size(), 4u);
+  EXPECT_TRUE(read_file(d / "whole" / "actor" / "model.safetensors") == read_file(d / "split" / "actor" / "model.safetensors"));
+  try {
+    run("split", 8, "gae");
+    ADD_FAILURE() << "a checkpoint of --advantage rloo must not be resumed with gae (it has no critic)";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("was trained with --advantage rloo, not gae"), std::string::npos) << e.what();
+  }
+}
 
 // opforge train ppo end to end: two steps on the CPU fixtures' tasks, every answer judged by a real
 // opforge serve that the command starts (a random model's answers are all -1), the actor's

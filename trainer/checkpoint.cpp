@@ -42,11 +42,23 @@ void save_checkpoint(const fs::path& out, const std::vector<CheckpointPart>& par
   remove_tree(old);
 }
 
-TrainState load_checkpoint(const fs::path& out, const std::vector<CheckpointPart>& parts, const char* stage) {
+namespace {
+
+json read_state(const fs::path& out) {
   fs::path dir = checkpoint_dir(out);
   json j = json::parse(std::ifstream(dir / "state.json"), nullptr, false);
   OPFORGE_CHECK(j.is_object() && j.contains("step"), "{}: state.json is unreadable; remove {} to start afresh",
                 dir.string(), dir.string());
+  return j;
+}
+
+}  // namespace
+
+nlohmann::json checkpoint_extra(const fs::path& out) { return read_state(out).value("extra", json::object()); }
+
+TrainState load_checkpoint(const fs::path& out, const std::vector<CheckpointPart>& parts, const char* stage) {
+  fs::path dir = checkpoint_dir(out);
+  json j = read_state(out);
   for (auto& p : parts) {
     torch::serialize::InputArchive archive;
     archive.load_from((checkpoint_dir(out, p.name) / "optimizer.pt").string());

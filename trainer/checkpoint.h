@@ -32,6 +32,9 @@ bool has_checkpoint(const std::filesystem::path& out);
 // Every part and state.json in one folder, renamed into place at once: a resumed run never sees
 // an actor of one step beside a critic of another.
 void save_checkpoint(const std::filesystem::path& out, const std::vector<CheckpointPart>& parts, const TrainState& state);
+// What the stage added to state.json, read before anything is loaded (a stage may refuse to resume
+// a checkpoint of other options).
+nlohmann::json checkpoint_extra(const std::filesystem::path& out);
 // The optimizers' state and state.json (logged as `stage` resuming); the weights are loaded from
 // checkpoint_dir(out, name).
 TrainState load_checkpoint(const std::filesystem::path& out, const std::vector<CheckpointPart>& parts,

@@ -247,6 +247,7 @@ EpisodeFn multi_turn_of(const PpoArgs& a, const std::vector<opforge::evaluator::
 }
 
 int run_ppo(const PpoArgs& a) {
+  check_ppo_options(a.o, a.multi_turn);
   Tokenizer tok(a.o.actor);
   auto tasks = opforge::evaluator::load_tasks(a.judge.tasks);
   std::vector<Prompt> prompts = task_prompts(tasks, tok);
@@ -288,6 +289,10 @@ void add_ppo(CLI::App* train, std::function<int()>& run) {
   c->add_option("--kl-coef", o.kl_coef, "KL penalty to the starting actor (0: none, no reference model)")->capture_default_str();
   c->add_option("--gamma", o.gamma, "GAE discount")->capture_default_str();
   c->add_option("--lam", o.lam, "GAE lambda")->capture_default_str();
+  c->add_option("--advantage", o.advantage, "gae (a critic, as the paper), rloo or grpo (no critic: each answer's "
+                                            "reward against the other answers to its prompt; single-turn only)")
+      ->check(CLI::IsMember({"gae", "rloo", "grpo"}))
+      ->capture_default_str();
   c->add_option("--seed", o.seed, "Task order and sampling")->capture_default_str();
   c->add_option("--device", o.device, "cpu or cuda (also the judge's device)")->capture_default_str();
   c->add_flag("--multi-turn", a->multi_turn, "Each rollout is an opforge agent episode (tools, up to --max-turns "

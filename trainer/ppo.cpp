@@ -3,6 +3,8 @@
 
 #include <ATen/core/grad_mode.h>
 
+#include <cmath>
+#include <map>
 #include <string>
 #include <tuple>
 
@@ -90,6 +92,33 @@ at::Tensor masked_whiten(const at::Tensor& x, const at::Tensor& mask, bool shift
   auto whitened = centered * at::rsqrt(var + 1e-8);
   if (!shift_mean) whitened = whitened + mean;
   return at::where(valid, whitened, at::zeros({}, whitened.options()));
+}
+
+std::vector<double> group_advantages(const std::vector<double>& rewards, const std::vector<std::string>& groups,
+                                     const std::string& kind) {
+  TORCH_CHECK(kind == "rloo" || kind == "grpo", "group_advantages: unknown kind \"", kind, "\" (rloo or grpo)");
+  TORCH_CHECK(rewards.size() == groups.size(), "group_advantages: ", rewards.size(), " rewards for ", groups.size(),
+              " group ids");
+  std::map<std::string, std::pair<double, double>> sums;  // group -> (sum, sum of squares)
+  std::map<std::string, int64_t> sizes;
+  for (std::size_t i = 0; i < rewards.size(); ++i) {
+    sums[groups[i]].first += rewards[i];
+    sums[groups[i]].second += rewards[i] * rewards[i];
+    ++sizes[groups[i]];
+  }
+  std::vector<double> out(rewards.size(), 0.0);
+  for (std::size_t i = 0; i < rewards.size(); ++i) {
+    const double n = static_cast<double>(sizes[groups[i]]), sum = sums[groups[i]].first;
+    if (n < 2) continue;
+    const double mean = sum / n;
+    if (kind == "rloo") {
+      out[i] = rewards[i] - (sum - rewards[i]) / (n - 1);
+    } else {
+      const double var = std::max(sums[groups[i]].second / n - mean * mean, 0.0) * n / (n - 1);
+      out[i] = (rewards[i] - mean) / (std::sqrt(var) + 1e-6);
+    }
+  }
+  return out;
 }
 
 PolicyLoss policy_loss(const at::Tensor& logprobs, const at::Tensor& old_logprobs, const at::Tensor& advantages,

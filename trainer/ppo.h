@@ -20,6 +20,7 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <vector>
 
 namespace opforge::trainer {
 
@@ -44,6 +45,17 @@ at::Tensor masked_mean(const at::Tensor& x, const at::Tensor& mask);
 // variance over valid tokens; zero where mask == 0. With shift_mean = false the mean is added
 // back (only the scale is normalised). Needs at least 2 valid tokens for the unbiased variance.
 at::Tensor masked_whiten(const at::Tensor& x, const at::Tensor& mask, bool shift_mean = true);
+
+// Critic-free advantages of sequence rewards, one a sample: samples with the same group id (one
+// prompt's answers of one step) are compared with each other, so a group whose answers all earned
+// the same reward gives every one of them 0 (nothing to learn from it), and a group of one too.
+//   "rloo": A_i = r_i - mean of the other samples' rewards in the group (REINFORCE leave-one-out,
+//           Ahmadian et al. 2024; unbiased, in reward units);
+//   "grpo": A_i = (r_i - group mean) / (group std + 1e-6), std Bessel-corrected as torch.std
+//           (Shao et al. 2024; verl's grpo estimator).
+// rewards and groups have the same length; an unknown kind throws, naming it.
+std::vector<double> group_advantages(const std::vector<double>& rewards, const std::vector<std::string>& groups,
+                                     const std::string& kind);
 
 struct PolicyLoss {
   at::Tensor loss;                  // 0-dim, differentiable in logprobs

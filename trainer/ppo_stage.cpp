@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <map>
+#include <set>
 
 #include "checkpoint.h"
 #include "data.h"
@@ -28,7 +29,7 @@ json PpoOptions::to_json() const {
           {"temperature", temperature}, {"top_p", top_p}, {"clip_low", clip_low}, {"clip_high", clip_high},
           {"dual_clip", dual_clip}, {"value_clip", value_clip}, {"kl_coef", kl_coef}, {"gamma", gamma}, {"lam", lam},
           {"max_grad_norm", max_grad_norm}, {"weight_decay", weight_decay}, {"seed", seed}, {"device", device},
-          {"precision", precision.to_json()}};
+          {"advantage", advantage}, {"precision", precision.to_json()}};
 }
 
 namespace {
@@ -40,7 +41,8 @@ double secs_since(Clock::time_point t) { return std::chrono::duration<double>(Cl
 struct Rollouts {
   at::Tensor ids, attention, mask, rollout_logp;
   std::vector<double> rewards;
-  std::vector<int64_t> last;  // each row's last action position
+  std::vector<std::string> groups;  // each row's task: the group of --advantage rloo / grpo
+  std::vector<int64_t> last;        // each row's last action position
 };
 
 Rollouts collate_rollouts(const std::vector<std::vector<int64_t>>& prompts, const std::vector<Generation>& gens,
@@ -156,6 +158,13 @@ std::vector<std::size_t> tally(const std::vector<Sample>& samples, json& m) {
     ++hist[fmt::format("{:g}", *samples[i].reward)];
   }
   double n = static_cast<double>(std::max<std::size_t>(keep.size(), 1));
+  // Prompts whose judged answers did not all earn one reward: the only ones a group-relative
+  // advantage learns from (and, with a critic, the ones whose signal is not the critic's error).
+  std::map<std::string, std::set<double>> by_task;
+  for (auto i : keep) by_task[samples[i].task_id].insert(*samples[i].reward);
+  int64_t mixed = 0;
+  for (const auto& [task, rewards] : by_task) mixed += rewards.size() > 1;
+  m["mixed_groups"] = static_cast<double>(mixed) / static_cast<double>(std::max<std::size_t>(by_task.size(), 1));
   m.update({{"answers", samples.size()}, {"dropped", samples.size() - keep.size()}, {"reward_mean", sum / n},
             {"pass_rate", pass / n}, {"reward_hist", hist},
             {"response_length", tokens / static_cast<double>(std::max<std::size_t>(samples.size(), 1))}});
@@ -181,7 +190,10 @@ std::optional<Rollouts> rollout(PpoRun& r, const std::vector<Prompt>& prompts, c
     gens.push_back(x.answer);
   }
   Rollouts ro = collate_rollouts(ps, gens, keep, r.pad);
-  for (auto i : keep) ro.rewards.push_back(*samples[i].reward);
+  for (auto i : keep) {
+    ro.rewards.push_back(*samples[i].reward);
+    ro.groups.push_back(samples[i].task_id);
+  }
   return ro;
 }
 
@@ -191,25 +203,43 @@ struct Targets {
 
 // The frozen quantities of the update: log-probabilities and values before it, the token rewards
 // (the answer's reward on its last token, less the KL penalty on every token), GAE.
+// Critic-free: each row's reward less its summed KL penalty, against its group (ppo.h,
+// group_advantages), on every answer token. Not whitened: a batch whose groups all agree has
+// nothing to learn, and whitening would blow its near-zero advantages up to unit scale.
+at::Tensor group_targets(const PpoOptions& o, const Rollouts& ro, const at::Tensor& kl) {
+  std::vector<double> seq = ro.rewards;
+  if (kl.defined()) {
+    at::Tensor per_row = kl.sum(1);
+    for (std::size_t i = 0; i < seq.size(); ++i) seq[i] -= o.kl_coef * per_row[static_cast<int64_t>(i)].item<double>();
+  }
+  std::vector<double> adv = group_advantages(seq, ro.groups, o.advantage);
+  return at::tensor(adv, at::kFloat).unsqueeze(1) * ro.mask;
+}
+
 Targets targets(PpoRun& r, const Rollouts& ro, json& m) {
   at::NoGradGuard no_grad;
   const PpoOptions& o = r.o;
   Targets t;
   t.old_logp = action_logp(r.actor, ro.ids, ro.attention, o.temperature).first.cpu();
-  int64_t L = ro.ids.size(1);
-  at::Device d = r.critic.trunk().device();
-  t.old_values = r.critic.values(ro.ids.to(d), ro.attention.to(d)).narrow(1, 0, L - 1).cpu();
-  at::Tensor rewards = at::zeros_like(t.old_logp);
-  for (std::size_t i = 0; i < ro.last.size(); ++i) rewards[static_cast<int64_t>(i)][ro.last[i]] = ro.rewards[i];
+  at::Tensor kl;
   if (o.kl_coef > 0) {
     at::Tensor ref = action_logp(r.ref, ro.ids, ro.attention, o.temperature).first.cpu();
-    at::Tensor kl = kl_penalty(t.old_logp, ref, "k1") * ro.mask;
-    rewards = rewards - o.kl_coef * kl;
+    kl = kl_penalty(t.old_logp, ref, "k1") * ro.mask;
     m["kl_ref"] = masked_mean(kl, ro.mask).item<double>();
   }
   // The rollout's own log-probabilities against the trainer's recomputation: the mismatch the
   // paper names as a source of instability (0 up to float rounding for opforge's own rollouts).
   m["rollout_logp_gap"] = masked_mean((ro.rollout_logp - t.old_logp).abs(), ro.mask).item<double>();
+  if (!o.has_critic()) {
+    t.advantages = group_targets(o, ro, kl);
+    return t;
+  }
+  int64_t L = ro.ids.size(1);
+  at::Device d = r.critic.trunk().device();
+  t.old_values = r.critic.values(ro.ids.to(d), ro.attention.to(d)).narrow(1, 0, L - 1).cpu();
+  at::Tensor rewards = at::zeros_like(t.old_logp);
+  for (std::size_t i = 0; i < ro.last.size(); ++i) rewards[static_cast<int64_t>(i)][ro.last[i]] = ro.rewards[i];
+  if (kl.defined()) rewards = rewards - o.kl_coef * kl;
   Advantages a = gae(rewards, t.old_values, ro.mask, o.gamma, o.lam);
   t.advantages = ro.mask.sum().item<double>() >= 2 ? masked_whiten(a.advantages, ro.mask) : a.advantages;
   t.returns = a.returns;
@@ -294,7 +324,7 @@ void critic_step(PpoRun& r, const Rollouts& ro, const Targets& t, const std::vec
   acc["critic_grad_norm"] += clip_and_step(*r.critic_opt, r.critic.parameters(), o.max_grad_norm);
 }
 
-// ppo_epochs passes over the rows in mini-batches, one actor and one critic step each.
+// ppo_epochs passes over the rows in mini-batches, one actor and (with a critic) one critic step each.
 void update(PpoRun& r, const Rollouts& ro, const Targets& t, json& m) {
   const PpoOptions& o = r.o;
   const int64_t N = ro.ids.size(0), mb = o.mini_batch > 0 ? o.mini_batch : N;
@@ -305,38 +335,58 @@ void update(PpoRun& r, const Rollouts& ro, const Targets& t, json& m) {
       Autocast cast(r.actor.device(), o.precision.bf16);  // closed after this mini-batch's optimizer steps
       const std::vector<Part> parts = parts_of(ro.mask, s, std::min(mb, N - s), o.micro_batch);
       actor_step(r, ro, t, parts, acc);
-      critic_step(r, ro, t, parts, acc);
+      if (o.has_critic()) critic_step(r, ro, t, parts, acc);
     }
   for (auto& [k, v] : acc) m[k] = v / static_cast<double>(std::max<int64_t>(updates, 1));
-  m["explained_variance"] = explained_variance(t.old_values, t.returns, ro.mask);
+  if (o.has_critic()) m["explained_variance"] = explained_variance(t.old_values, t.returns, ro.mask);
 }
 
 }  // namespace
 
 namespace {
 
-// Actor and critic from the checkpoint when there is one, else from --actor / --critic; float32
-// master weights on either device.
+// Actor and critic (--advantage gae only) from the checkpoint when there is one, else from --actor
+// / --critic; float32 master weights on either device.
 std::unique_ptr<PpoRun> open_run(const PpoOptions& o, const Tokenizer& tok, bool resume) {
   at::Device dev = device_named(o.device);
   auto r = std::make_unique<PpoRun>(PpoRun{o, {}, {}, {}, {}, nullptr, nullptr, 0, {}});
   r->actor = CausalLM::load(resume ? checkpoint_dir(o.out, "actor") : o.actor, dev, at::kFloat);
-  r->critic = ValueModel::load(resume ? checkpoint_dir(o.out, "critic") : (o.critic.empty() ? o.actor : o.critic), dev);
   if (o.kl_coef > 0) r->ref = CausalLM::load(o.actor, dev, at::kFloat);
   r->actor.set_requires_grad(true);
-  r->critic.set_requires_grad(true);
   r->actor.set_checkpointing(o.precision.checkpointing);
-  r->critic.set_checkpointing(o.precision.checkpointing);
   r->actor_opt = std::make_unique<torch::optim::AdamW>(
       r->actor.parameters(), torch::optim::AdamWOptions(o.lr).weight_decay(o.weight_decay));
-  r->critic_opt = std::make_unique<torch::optim::AdamW>(
-      r->critic.parameters(), torch::optim::AdamWOptions(o.critic_lr).weight_decay(o.weight_decay));
   r->pad = tok.pad_id().value_or(tok.eos_id().value_or(0));
   if (auto eos = tok.eos_id()) r->stops.push_back(*eos);
+  if (!o.has_critic()) return r;
+  r->critic = ValueModel::load(resume ? checkpoint_dir(o.out, "critic") : (o.critic.empty() ? o.actor : o.critic), dev);
+  r->critic.set_requires_grad(true);
+  r->critic.set_checkpointing(o.precision.checkpointing);
+  r->critic_opt = std::make_unique<torch::optim::AdamW>(
+      r->critic.parameters(), torch::optim::AdamWOptions(o.critic_lr).weight_decay(o.weight_decay));
   return r;
 }
 
 }  // namespace
+
+void check_ppo_options(const PpoOptions& o, bool multi_turn) {
+  OPFORGE_CHECK(o.batch > 0 && o.rollouts_per_task > 0 && o.ppo_epochs > 0, "--batch, --rollouts-per-task and "
+                "--ppo-epochs must be > 0");
+  OPFORGE_CHECK(o.mini_batch >= 0 && o.micro_batch >= 0, "--mini-batch and --micro-batch must be >= 0 (0: all at once)");
+  // The update scores logits / temperature (action_logp): 0 would divide by zero, and the policy
+  // server takes at most 2 (--multi-turn's episodes would fail every request).
+  OPFORGE_CHECK(o.temperature > 0, "--temperature must be > 0, not {} (PPO samples its answers)", o.temperature);
+  OPFORGE_CHECK(!multi_turn || o.temperature <= 2, "--multi-turn: --temperature must be <= 2 (the policy server's "
+                "limit), not {}", o.temperature);
+  // A group estimator compares one prompt's answers, and --multi-turn makes a sample of every turn:
+  // the turns of one episode would be each other's baseline.
+  OPFORGE_CHECK(o.advantage == "gae" || o.advantage == "rloo" || o.advantage == "grpo",
+                "--advantage must be gae, rloo or grpo, not \"{}\"", o.advantage);
+  OPFORGE_CHECK(o.has_critic() || !multi_turn, "--advantage {} compares one prompt's answers, and --multi-turn makes "
+                "a sample of every turn: use --advantage gae with --multi-turn", o.advantage);
+  OPFORGE_CHECK(o.has_critic() || o.critic.empty(), "--critic {}: --advantage {} trains no critic; drop --critic or "
+                "use --advantage gae", o.critic.string(), o.advantage);
+}
 
 json trajectory_record(const Sample& x) {
   std::vector<int64_t> seq = x.prompt;
@@ -348,21 +398,19 @@ json trajectory_record(const Sample& x) {
 PpoResult train_ppo(const PpoOptions& o, const std::vector<Prompt>& prompts, const Tokenizer& tok,
                     const RewardFn& reward, const EpisodeFn& episodes) {
   OPFORGE_CHECK(!prompts.empty(), "train ppo: no task prompts");
-  OPFORGE_CHECK(o.batch > 0 && o.rollouts_per_task > 0 && o.ppo_epochs > 0, "--batch, --rollouts-per-task and "
-                "--ppo-epochs must be > 0");
-  OPFORGE_CHECK(o.mini_batch >= 0 && o.micro_batch >= 0, "--mini-batch and --micro-batch must be >= 0 (0: all at once)");
-  // The update scores logits / temperature (action_logp): 0 would divide by zero, and the policy
-  // server takes at most 2 (--multi-turn's episodes would fail every request).
-  OPFORGE_CHECK(o.temperature > 0, "--temperature must be > 0, not {} (PPO samples its answers)", o.temperature);
-  OPFORGE_CHECK(!episodes || o.temperature <= 2, "--multi-turn: --temperature must be <= 2 (the policy server's "
-                "limit), not {}", o.temperature);
+  check_ppo_options(o, static_cast<bool>(episodes));
   fs::create_directories(o.out);
   spdlog::info("ppo options: {}", o.to_json().dump());
   bool resume = has_checkpoint(o.out);
+  // A checkpoint of the other estimator has no critic, or one this run would drop: refuse to mix.
+  const std::string was = resume ? checkpoint_extra(o.out).value("advantage", std::string("gae")) : o.advantage;
+  OPFORGE_CHECK(was == o.advantage, "train ppo: {} was trained with --advantage {}, not {}: resume it with "
+                "--advantage {}, or give a new --out", checkpoint_dir(o.out).string(), was, o.advantage, was);
   auto r = open_run(o, tok, resume);
   r->episodes = episodes;
-  std::vector<CheckpointPart> parts = {{"actor", [&](const fs::path& d) { r->actor.save(d); }, r->actor_opt.get()},
-                                       {"critic", [&](const fs::path& d) { r->critic.save(d); }, r->critic_opt.get()}};
+  std::vector<CheckpointPart> parts = {{"actor", [&](const fs::path& d) { r->actor.save(d); }, r->actor_opt.get()}};
+  if (o.has_critic())
+    parts.push_back({"critic", [&](const fs::path& d) { r->critic.save(d); }, r->critic_opt.get()});
   TrainState st = resume ? load_checkpoint(o.out, parts, "ppo") : TrainState{};
   MetricsLog log(o.out / "metrics.jsonl", st.step), trajectories(o.out / "trajectories.jsonl", st.step);
   PpoResult res;
@@ -381,16 +429,20 @@ PpoResult train_ppo(const PpoOptions& o, const std::vector<Prompt>& prompts, con
     if (auto gib = peak_memory_gib(r->actor.device())) m["peak_mem_gib"] = *gib;
     res.reward_mean.push_back(m["reward_mean"].get<double>());
     log.write(m);
-    save_checkpoint(o.out, parts, {step, {{"stage", "ppo"}}});
+    save_checkpoint(o.out, parts, {step, {{"stage", "ppo"}, {"advantage", o.advantage}}});
     progress.tick(1, fmt::format("reward {:.3f}", m["reward_mean"].get<double>()));
   }
   progress.finish();
   res.actor_dir = o.out / "actor";
-  res.critic_dir = o.out / "critic";
   r->actor.save(res.actor_dir);
-  r->critic.save(res.critic_dir);
+  if (o.has_critic()) {
+    res.critic_dir = o.out / "critic";
+    r->critic.save(res.critic_dir);
+  }
   log.plot(o.out / "metrics.png", "opforge train ppo",
-           {"reward_mean", "pass_rate", "approx_kl", "entropy", "value_loss", "explained_variance"});
+           o.has_critic() ? std::vector<std::string>{"reward_mean", "pass_rate", "approx_kl", "entropy", "value_loss",
+                                                     "explained_variance"}
+                          : std::vector<std::string>{"reward_mean", "pass_rate", "approx_kl", "entropy", "mixed_groups"});
   return res;
 }
 

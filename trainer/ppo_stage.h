@@ -1,8 +1,10 @@
 // `opforge train ppo`, single-turn: each iteration samples K answers to B task prompts with the
 // actor, asks the reward function (the judge) for each, and updates actor and critic with PPO
 // (GAE, the dual-clip surrogate, a clipped value loss, optional KL to the frozen starting actor,
-// token-mean losses, advantage whitening, gradient clipping, AdamW). An answer whose reward is
-// null (the environment failed) is dropped, never scored. Resumable from OUT/checkpoint.
+// token-mean losses, advantage whitening, gradient clipping, AdamW). With advantage "rloo" or
+// "grpo" there is no critic: each answer's advantage is its reward against the other answers to
+// the same prompt (ppo.h, group_advantages), not whitened. An answer whose reward is null (the
+// environment failed) is dropped, never scored. Resumable from OUT/checkpoint.
 #pragma once
 #include <filesystem>
 #include <functional>
@@ -27,7 +29,11 @@ struct PpoOptions {
   double gamma = 1.0, lam = 1.0, max_grad_norm = 1.0, weight_decay = 0.0;
   uint64_t seed = 0;
   std::string device = "cpu";
+  // "gae" (the paper's: a critic, token-level GAE, whitened), "rloo" or "grpo" (critic-free,
+  // group-relative; single-turn only).
+  std::string advantage = "gae";
   Precision precision;
+  bool has_critic() const { return advantage == "gae"; }
   nlohmann::json to_json() const;
 };
 
@@ -68,6 +74,9 @@ struct PpoResult {
   std::vector<double> reward_mean;  // per step of this process
   std::filesystem::path actor_dir, critic_dir;
 };
+
+// The options' own consistency (train_ppo checks it too; the CLI first, before a judge starts).
+void check_ppo_options(const PpoOptions& options, bool multi_turn);
 
 PpoResult train_ppo(const PpoOptions& options, const std::vector<Prompt>& prompts, const Tokenizer& tok,
                     const RewardFn& reward, const EpisodeFn& episodes = {});
