@@ -931,6 +931,7 @@ def check_fingerprint(run, train, test):
           "ppo_critic_lr": a.ppo_critic_lr, "kl_coef": a.kl_coef, "advantage": a.ppo_advantage, "plateau": [a.plateau_rel, a.plateau_patience],
           "bf16": a.bf16, "copy": [a.copy_db, a.copy_records]}
     old = run.state.setdefault("fingerprint", fp)
+    old.setdefault("advantage", "gae")  # a run started before --ppo-advantage was GAE's
     diff = sorted(k for k in set(fp) | set(old) if fp.get(k) != old.get(k))
     if diff:
         raise SystemExit(f"{run.out} was started with other {', '.join(diff)}: use the same options or a new --out")

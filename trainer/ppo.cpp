@@ -99,24 +99,19 @@ std::vector<double> group_advantages(const std::vector<double>& rewards, const s
   TORCH_CHECK(kind == "rloo" || kind == "grpo", "group_advantages: unknown kind \"", kind, "\" (rloo or grpo)");
   TORCH_CHECK(rewards.size() == groups.size(), "group_advantages: ", rewards.size(), " rewards for ", groups.size(),
               " group ids");
-  std::map<std::string, std::pair<double, double>> sums;  // group -> (sum, sum of squares)
-  std::map<std::string, int64_t> sizes;
-  for (std::size_t i = 0; i < rewards.size(); ++i) {
-    sums[groups[i]].first += rewards[i];
-    sums[groups[i]].second += rewards[i] * rewards[i];
-    ++sizes[groups[i]];
-  }
+  std::map<std::string, std::vector<std::size_t>> members;
+  for (std::size_t i = 0; i < rewards.size(); ++i) members[groups[i]].push_back(i);
   std::vector<double> out(rewards.size(), 0.0);
-  for (std::size_t i = 0; i < rewards.size(); ++i) {
-    const double n = static_cast<double>(sizes[groups[i]]), sum = sums[groups[i]].first;
-    if (n < 2) continue;
+  for (const auto& [group, idx] : members) {
+    const double n = static_cast<double>(idx.size());
+    if (idx.size() < 2) continue;
+    double sum = 0, sq = 0;
+    for (auto i : idx) sum += rewards[i];
     const double mean = sum / n;
-    if (kind == "rloo") {
-      out[i] = rewards[i] - (sum - rewards[i]) / (n - 1);
-    } else {
-      const double var = std::max(sums[groups[i]].second / n - mean * mean, 0.0) * n / (n - 1);
-      out[i] = (rewards[i] - mean) / (std::sqrt(var) + 1e-6);
-    }
+    for (auto i : idx) sq += (rewards[i] - mean) * (rewards[i] - mean);  // two passes: no cancellation
+    const double std = std::sqrt(sq / (n - 1));
+    for (auto i : idx)
+      out[i] = kind == "rloo" ? rewards[i] - (sum - rewards[i]) / (n - 1) : (rewards[i] - mean) / (std + 1e-6);
   }
   return out;
 }

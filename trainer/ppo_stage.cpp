@@ -203,16 +203,19 @@ struct Targets {
 
 // The frozen quantities of the update: log-probabilities and values before it, the token rewards
 // (the answer's reward on its last token, less the KL penalty on every token), GAE.
-// Critic-free: each row's reward less its summed KL penalty, against its group (ppo.h,
-// group_advantages), on every answer token. Not whitened: a batch whose groups all agree has
-// nothing to learn, and whitening would blow its near-zero advantages up to unit scale.
+// Critic-free: each row's reward against its group (ppo.h, group_advantages), less kl_coef times
+// its summed KL penalty against the group's others (leave-one-out, in reward units for either
+// estimator: standardising it with GRPO would blow a group's KL noise up to unit scale), on every
+// answer token. Not whitened: a batch whose groups all agree has (nearly) nothing to learn, and
+// whitening would blow its near-zero advantages up to unit scale.
 at::Tensor group_targets(const PpoOptions& o, const Rollouts& ro, const at::Tensor& kl) {
-  std::vector<double> seq = ro.rewards;
+  std::vector<double> adv = group_advantages(ro.rewards, ro.groups, o.advantage);
   if (kl.defined()) {
-    at::Tensor per_row = kl.sum(1);
-    for (std::size_t i = 0; i < seq.size(); ++i) seq[i] -= o.kl_coef * per_row[static_cast<int64_t>(i)].item<double>();
+    at::Tensor per_row = kl.sum(1).to(at::kDouble).contiguous();
+    std::vector<double> sums(per_row.data_ptr<double>(), per_row.data_ptr<double>() + per_row.numel());
+    std::vector<double> centred = group_advantages(sums, ro.groups, "rloo");
+    for (std::size_t i = 0; i < adv.size(); ++i) adv[i] -= o.kl_coef * centred[i];
   }
-  std::vector<double> adv = group_advantages(seq, ro.groups, o.advantage);
   return at::tensor(adv, at::kFloat).unsqueeze(1) * ro.mask;
 }
 
