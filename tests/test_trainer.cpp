@@ -482,6 +482,34 @@ TEST_F(Trainer, PpoWithGroupAdvantagesRaisesTheRewardWithoutACritic) {
   }
 }
 
+// When every answer earns the same reward there is nothing to learn: with --advantage rloo or grpo
+// (no KL) steps leave the actor's weights as they were, while GAE's whitened advantages move them
+// once the critic has been trained (its first step's values are all 0, so its advantages are all
+// equal and whiten to 0; later ones are the critic's error, brought to unit scale). This is why
+// the learning run uses rloo.
+TEST_F(Trainer, PpoGroupAdvantagesLeaveTheActorAloneWhenEveryAnswerScoresAlike) {
+  TempDir d;
+  Tokenizer tok(model("qwen2"));
+  RewardFn constant = [](const std::vector<std::string>& ids, const std::vector<std::string>&,
+                         const std::vector<std::vector<int64_t>>&) {
+    return std::vector<std::optional<double>>(ids.size(), 1.0);
+  };
+  auto moved = [&](const std::string& advantage) {
+    PpoOptions o = synthetic_ppo(model("qwen2"), d / advantage, 3);
+    o.advantage = advantage;
+    o.kl_coef = 0;
+    train_ppo(o, synthetic_prompts(), tok, constant);
+    auto before = read_safetensors(model("qwen2") / "model.safetensors");
+    auto after = read_safetensors(d / advantage / "actor" / "model.safetensors");
+    double most = 0;
+    for (auto& [name, w] : after) most = std::max(most, (w - before.at(name)).abs().max().item<double>());
+    return most;
+  };
+  EXPECT_EQ(moved("rloo"), 0.0);
+  EXPECT_EQ(moved("grpo"), 0.0);
+  EXPECT_GT(moved("gae"), 1e-4);
+}
+
 // opforge train ppo end to end: two steps on the CPU fixtures' tasks, every answer judged by a real
 // opforge serve that the command starts (a random model's answers are all -1), the actor's
 // weights moved by the second step, every metric finite, actor and critic written.
