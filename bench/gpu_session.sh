@@ -50,7 +50,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 P=/opt/torch/.venv/bin/python3
 B=$PWD/build-gpu/opforge
-[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|agent|serve|trainer|throughput|checks|kb|dedupscale|corpus|release|shards|resume|audit|profstart|learning|lreval..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|agent|serve|trainer|ppo-smoke|throughput|checks|kb|dedupscale|corpus|release|shards|resume|audit|profstart|learning|lreval..." >&2; exit 2; }
 source .device/env.sh > /dev/null
 export PATH=/opt/torch/.venv/bin:$PATH
 # bubblewrap comes in .device (pack-debs.sh bubblewrap): the judge sandboxes every solution with it.
@@ -168,6 +168,33 @@ case $step in
       echo "build-gpu/opforge-trainer was not built (grep 'trainer off' /tmp/build.log)" > "$OUT/trainer.txt"
     fi
     cat "$OUT/trainer.txt"
+    ;;
+  ppo-smoke)
+    # train ppo's estimators on CUDA with the real judge (the tiny Qwen2 of tests/python/tiny_lm.py,
+    # 2 steps of 2 tasks x 4 answers; a random model's answers are all -1, so rloo's advantages are 0
+    # and its actor must come back unchanged), and the tokenizer's start in a first process (through
+    # transformers) against a later one (its cache).
+    stamp "train ppo --advantage rloo / gae on GPU 0, tiny Qwen2; tokenizer start, first and later process"
+    rm -rf /tmp/ps && mkdir -p /tmp/ps/tasks
+    cp tests/fixtures/eval/tasks/linear_relu.py tests/fixtures/eval/tasks/softmax_sum.py /tmp/ps/tasks/
+    $P tests/python/tiny_lm.py make /tmp/ps/lm > /tmp/ps/make.log 2>&1 || tail -5 /tmp/ps/make.log
+    for i in 1 2; do
+      OPFORGE_TOKENIZER_CACHE=/tmp/ps/tokcache CUDA_VISIBLE_DEVICES=0 build-gpu/opforge-trainer --log-level debug generate \
+        --model /tmp/ps/lm/qwen2 --prompt x --max-new-tokens 1 --device cuda 2>&1 | grep -i "tokenizer" | sed "s/^/process $i: /"
+    done | tee "$OUT/ppo_smoke.txt"
+    for adv in rloo gae; do
+      CUDA_VISIBLE_DEVICES=0 timeout "${PS_TIMEOUT:-150}" build-gpu/opforge-trainer train ppo --actor /tmp/ps/lm/qwen2 \
+        --tasks /tmp/ps/tasks --out /tmp/ps/$adv --steps 2 --batch 2 --rollouts-per-task 4 --max-new-tokens 12 --lr 1e-3 \
+        --device cuda --advantage $adv --judge-arg=--trials --judge-arg=5 > /tmp/ps/$adv.log 2>&1
+      echo "train ppo --advantage $adv rc $?" | tee -a "$OUT/ppo_smoke.txt"
+      cat /tmp/ps/$adv/metrics.jsonl >> "$OUT/ppo_smoke.txt" 2> /dev/null
+      $P -c "import sys; from safetensors.torch import load_file as L; a, b = L(sys.argv[1]), L(sys.argv[2]); \
+print('actor after 2 steps: max |weight change|', max(float((a[k].float() - b[k].float()).abs().max()) for k in a if k in b))" \
+        /tmp/ps/$adv/actor/model.safetensors /tmp/ps/lm/qwen2/model.safetensors 2>&1 | tail -1 | tee -a "$OUT/ppo_smoke.txt"
+      echo "critic: $(ls /tmp/ps/$adv/critic 2> /dev/null | tr '\n' ' ')" | tee -a "$OUT/ppo_smoke.txt"
+      tail -3 /tmp/ps/$adv.log >> "$OUT/ppo_smoke.txt"
+    done
+    tail -40 "$OUT/ppo_smoke.txt"
     ;;
   throughput)
     # TP_CPUS (e.g. 0-15) pins the bench to part of a bigger machine, to stand for a one-GPU one.
