@@ -201,8 +201,6 @@ struct Targets {
   at::Tensor old_logp, old_values, advantages, returns;
 };
 
-// The frozen quantities of the update: log-probabilities and values before it, the token rewards
-// (the answer's reward on its last token, less the KL penalty on every token), GAE.
 // Critic-free: each row's reward against its group (ppo.h, group_advantages), less kl_coef times
 // its summed KL penalty against the group's others (leave-one-out, in reward units for either
 // estimator: standardising it with GRPO would blow a group's KL noise up to unit scale), on every
@@ -219,6 +217,9 @@ at::Tensor group_targets(const PpoOptions& o, const Rollouts& ro, const at::Tens
   return at::tensor(adv, at::kFloat).unsqueeze(1) * ro.mask;
 }
 
+// The frozen quantities of the update: log-probabilities before it and the advantages: with a
+// critic its values, the token rewards (the answer's reward on its last token, less the KL penalty
+// on every token) and GAE; without one, group_targets.
 Targets targets(PpoRun& r, const Rollouts& ro, json& m) {
   at::NoGradGuard no_grad;
   const PpoOptions& o = r.o;
