@@ -382,10 +382,10 @@ void check_ppo_options(const PpoOptions& o, bool multi_turn) {
   OPFORGE_CHECK(o.temperature > 0, "--temperature must be > 0, not {} (PPO samples its answers)", o.temperature);
   OPFORGE_CHECK(!multi_turn || o.temperature <= 2, "--multi-turn: --temperature must be <= 2 (the policy server's "
                 "limit), not {}", o.temperature);
-  // A group estimator compares one prompt's answers, and --multi-turn makes a sample of every turn:
-  // the turns of one episode would be each other's baseline.
   OPFORGE_CHECK(o.advantage == "gae" || o.advantage == "rloo" || o.advantage == "grpo",
                 "--advantage must be gae, rloo or grpo, not \"{}\"", o.advantage);
+  // A group estimator compares one prompt's answers, and --multi-turn makes a sample of every turn:
+  // the turns of one episode would be each other's baseline.
   OPFORGE_CHECK(o.has_critic() || !multi_turn, "--advantage {} compares one prompt's answers, and --multi-turn makes "
                 "a sample of every turn: use --advantage gae with --multi-turn", o.advantage);
   OPFORGE_CHECK(o.has_critic() || o.critic.empty(), "--critic {}: --advantage {} trains no critic; drop --critic or "
@@ -443,10 +443,12 @@ PpoResult train_ppo(const PpoOptions& o, const std::vector<Prompt>& prompts, con
     res.critic_dir = o.out / "critic";
     r->critic.save(res.critic_dir);
   }
-  log.plot(o.out / "metrics.png", "opforge train ppo",
-           o.has_critic() ? std::vector<std::string>{"reward_mean", "pass_rate", "approx_kl", "entropy", "value_loss",
-                                                     "explained_variance"}
-                          : std::vector<std::string>{"reward_mean", "pass_rate", "approx_kl", "entropy", "mixed_groups"});
+  std::vector<std::string> panels = {"reward_mean", "pass_rate", "approx_kl", "entropy"};
+  if (o.has_critic())
+    panels.insert(panels.end(), {"value_loss", "explained_variance"});
+  else
+    panels.push_back("mixed_groups");
+  log.plot(o.out / "metrics.png", "opforge train ppo", panels);
   return res;
 }
 
