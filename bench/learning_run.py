@@ -716,7 +716,7 @@ def results(run):
             continue
         m = metrics(os.path.join(run.out, f"ppo_seed{seed}", "metrics.jsonl"))
         keep = ("step", "reward_mean", "pass_rate", "kl_ref", "approx_kl", "entropy", "rollout_logp_gap",
-                "response_len", "peak_mem_gib")
+                "response_len", "peak_mem_gib", "mixed_groups")
         seeds.append({"seed": seed, "eval": ps["eval"], "stopped": ps["done"],
                       "train_metrics": [{k: x[k] for k in keep if k in x} for x in m]})
     sft = st.get("sft", {})
