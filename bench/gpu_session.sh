@@ -275,7 +275,7 @@ print('actor after 2 steps: max |weight change|', max(float((a[k].float() - b[k]
     echo "learning run rc $? (0: done, 3: partial, call again; 124: timeout)" >> "$OUT/learning.txt"
     resolve_stacks /tmp/lr/*.log >> "$OUT/learning.txt"
     cp /tmp/lr/results.json /tmp/lr/summary.md /tmp/lr/learning_run.png "$OUT"/ 2> /dev/null
-    (cd /tmp/lr && tar czf "$OUT/learning_logs.tgz" $(ls -d *.log *.json sft/metrics.jsonl ppo_seed*/metrics.jsonl \
+    (cd /tmp/lr && tar czf "$OUT/learning_logs.tgz" $(ls -d *.log *.json sft/metrics.jsonl ppo_seed*/metrics.jsonl ppo_seed*/rollouts.jsonl \
       eval_*.jsonl verify/report/report.json 2> /dev/null) /tmp/lws_export.log 2> /dev/null)
     # The compact copy for a cold next call: one set of fp32 weights (~12 MB gzipped), since a file
     # that comes back holds at most 16 MiB (the first try, with a cut save's checkpoint.tmp, was 61 MB

@@ -425,7 +425,7 @@ def write_jsonl(path, rows):
     os.replace(tmp, path)
 
 
-def metrics(path):
+def read_jsonl(path):
     if not os.path.exists(path):
         return []
     with open(path) as f:
@@ -464,7 +464,7 @@ def run_sft(run, model_dir, train, val):
             str(cfg["sft_chunk"]), "--max-len", str(cfg["max_pos"]), "--device", args.device, "--seed", "0"]
            + (["--bf16"] if args.bf16 else []), logfile=os.path.join(run.out, "sft.log"))
         chunk_s = time.time() - t
-        vals = [m["val_loss"] for m in metrics(os.path.join(d, "metrics.jsonl")) if "val_loss" in m]
+        vals = [m["val_loss"] for m in read_jsonl(os.path.join(d, "metrics.jsonl")) if "val_loss" in m]
         v = vals[-1] if vals else None
         log(f"sft: step {steps} val_loss {v} ({chunk_s:.0f}s a chunk)")
         if plateau_step(args, st, v):
@@ -620,9 +620,23 @@ def run_ppo_chunk(run, actor0, train_tasks, d, seed, ps, step):
         str(args.kl_coef), "--seed", str(seed), "--device", args.device, "--ppo-epochs", str(cfg["ppo_epochs"]),
         "--mini-batch", str(cfg["ppo_mini_batch"]), "--advantage", args.ppo_advantage] + (["--bf16"] if args.bf16 else [])
        + judge_args(run), logfile=d + ".log")
+    write_jsonl(os.path.join(d, "rollouts.jsonl"), rollout_rewards(os.path.join(d, "trajectories.jsonl")))
     with run.lock:
         ps["trained_to"], ps["train_s"] = step, round(time.time() - t, 1)
         run.finished("ppo_chunk", time.time() - t)
+
+
+def rollout_rewards(path):
+    """Each PPO step's judged answers as {step, task_id, rewards, tokens}, one row per prompt: which
+    prompts had answers of one reward (RLOO learns nothing from them) and which tasks kept failing.
+    The trajectories themselves (every token id and log-probability) are too big to bring back."""
+    groups = {}
+    for r in read_jsonl(path):
+        g = groups.setdefault((r["step"], r["task_id"]), {"step": r["step"], "task_id": r["task_id"],
+                                                         "rewards": [], "tokens": []})
+        g["rewards"].append(r["reward"])
+        g["tokens"].append(len(r["logprobs"]))
+    return list(groups.values())
 
 
 def drop_units_without_checkpoints(run):
@@ -714,13 +728,13 @@ def results(run):
         ps = st.get("ppo", {}).get(str(seed))
         if ps is None:
             continue
-        m = metrics(os.path.join(run.out, f"ppo_seed{seed}", "metrics.jsonl"))
+        m = read_jsonl(os.path.join(run.out, f"ppo_seed{seed}", "metrics.jsonl"))
         keep = ("step", "reward_mean", "pass_rate", "kl_ref", "approx_kl", "entropy", "rollout_logp_gap",
                 "response_len", "peak_mem_gib", "mixed_groups")
         seeds.append({"seed": seed, "eval": ps["eval"], "stopped": ps["done"],
                       "train_metrics": [{k: x[k] for k in keep if k in x} for x in m]})
     sft = st.get("sft", {})
-    m = metrics(os.path.join(run.out, "sft", "metrics.jsonl"))
+    m = read_jsonl(os.path.join(run.out, "sft", "metrics.jsonl"))
     done = len(seeds) == len(run.seeds) and all(s["stopped"] for s in seeds)
     return {"partial": not done, "stopped": run.stopped, "spent_s": round(run.clock.spent(), 1),
             "calls": run.clock.calls, "device": run.args.device, "config": run.cfg, "args": vars(run.args),

@@ -1,5 +1,6 @@
 """The learning run's paired comparison (bench/learning_run.py `paired`): each seed's answers
-against the SFT model's on the same test tasks, with an interval from resampling the tasks.
+against the SFT model's on the same test tasks, with an interval from resampling the tasks; and
+the per-prompt table of a PPO chunk's rollout rewards (`rollout_rewards`).
 
 Run from the repo root:  .venv/bin/python3 -m unittest discover -s tests/python
 """
@@ -62,6 +63,25 @@ class Paired(unittest.TestCase):
         p = self._run(sft, [{"a": 1.0, "b": None, "c": 1.0}])
         self.assertEqual(p["tasks"], 1)  # only "a" has a verdict on both sides
         self.assertIsNone(L.paired(self.out, [{"seed": 0, "eval": [{"step": 2}]}], 4))
+
+
+class RolloutRewards(unittest.TestCase):
+    """What comes back of a PPO chunk's trajectories: one row per step and prompt, its answers'
+    rewards in the order drawn (a null reward kept as None) and their lengths."""
+
+    def test_answers_are_grouped_by_step_and_task(self):
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "trajectories.jsonl")
+            rows = [(1, "a", 1.0, 3), (1, "b", -1.0, 5), (1, "a", -1.0, 2), (2, "a", None, 4), (1, "b", -1.0, 1)]
+            with open(path, "w") as f:
+                for step, task, reward, n in rows:
+                    f.write(json.dumps({"step": step, "task_id": task, "reward": reward, "ids": [0] * 9,
+                                        "logprobs": [0.0] * n}) + "\n")
+            self.assertEqual(L.rollout_rewards(path), [
+                {"step": 1, "task_id": "a", "rewards": [1.0, -1.0], "tokens": [3, 2]},
+                {"step": 1, "task_id": "b", "rewards": [-1.0, -1.0], "tokens": [5, 1]},
+                {"step": 2, "task_id": "a", "rewards": [None], "tokens": [4]}])
+            self.assertEqual(L.rollout_rewards(os.path.join(d, "absent.jsonl")), [])
 
 
 if __name__ == "__main__":
