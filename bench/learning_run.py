@@ -766,6 +766,13 @@ def stat(seeds, step, key):
     return mu, sd, len(xs)
 
 
+def train_mean(seeds, lo, hi, key):
+    """The mean of a PPO metric over every seed's steps lo+1..hi (None if none logged it): what the
+    updates between two eval points saw (mixed_groups: the share of prompts RLOO learns from)."""
+    xs = [m[key] for s in seeds for m in s["train_metrics"] if lo < m["step"] <= hi and m.get(key) is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
 def eval_rewards(path):
     """{task_id: reward} of an eval's rows (None: the judge gave no verdict); {} if not there."""
     if not os.path.exists(path):
@@ -807,16 +814,19 @@ def report(res, out):
         lines += [f"**Partial run** ({res['spent_s']:.0f} s over {res['calls']} call(s); this call ended: "
                   f"{res['stopped'] or 'running, or killed'}): rerun the same command to go on.", ""]
     lines += ["| point | seeds | pass@1 mean ± sd | mean reward mean ± sd | test tasks | pass@1 − SFT, same tasks "
-              "(95% interval) | turned right / wrong |", "|---|---|---|---|---|---|---|",
-              f"| SFT (step 0) | 1 | {f(sft.get('pass_at_1'))} | {f(sft.get('mean_reward'))} | {sft.get('tasks')} | | |"]
+              "(95% interval) | turned right / wrong | PPO since the last point: train reward, mixed prompts |",
+              "|---|---|---|---|---|---|---|---|",
+              f"| SFT (step 0) | 1 | {f(sft.get('pass_at_1'))} | {f(sft.get('mean_reward'))} | {sft.get('tasks')} | | | |"]
     by_step = {p["step"]: p for p in res.get("paired") or []}
-    for st in steps:
+    for prev, st in zip([0] + steps, steps):
         pm, ps, n = stat(seeds, st, "pass_at_1")
         rm, rs, _ = stat(seeds, st, "mean_reward")
         p = by_step.get(st)
         cmp = (f"{p['delta_pass_at_1']:+.3f} ({p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}) | {p['gains']} / "
                f"{p['losses']}") if p else "— | —"
-        lines.append(f"| PPO step {st} | {n} | {f(pm)} ± {f(ps)} | {f(rm)} ± {f(rs)} | {sft.get('tasks')} | {cmp} |")
+        train = f"{f(train_mean(seeds, prev, st, 'reward_mean'))}, {f(train_mean(seeds, prev, st, 'mixed_groups'))}"
+        lines.append(f"| PPO step {st} | {n} | {f(pm)} ± {f(ps)} | {f(rm)} ± {f(rs)} | {sft.get('tasks')} | {cmp} "
+                     f"| {train} |")
     table = "\n".join(lines)
     with open(os.path.join(out, "summary.md.tmp"), "w") as fh:
         fh.write(table + "\n")

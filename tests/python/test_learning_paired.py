@@ -84,5 +84,15 @@ class RolloutRewards(unittest.TestCase):
             self.assertEqual(L.rollout_rewards(os.path.join(d, "absent.jsonl")), [])
 
 
+class TrainMean(unittest.TestCase):
+    def test_the_steps_between_two_eval_points_of_every_seed(self):
+        seeds = [{"train_metrics": [{"step": 1, "mixed_groups": 0.5}, {"step": 2, "mixed_groups": 0.25},
+                                    {"step": 3, "mixed_groups": 1.0}]},
+                 {"train_metrics": [{"step": 2, "mixed_groups": 0.0}, {"step": 3}]}]
+        self.assertAlmostEqual(L.train_mean(seeds, 1, 3, "mixed_groups"), (0.25 + 1.0 + 0.0) / 3)
+        self.assertIsNone(L.train_mean(seeds, 3, 4, "mixed_groups"))  # no step there
+        self.assertIsNone(L.train_mean(seeds, 0, 3, "kl_ref"))  # a metric no step logged
+
+
 if __name__ == "__main__":
     unittest.main()
