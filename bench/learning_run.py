@@ -630,12 +630,15 @@ def rollout_rewards(path):
     """Each PPO step's judged answers as {step, task_id, rewards, tokens}, one row per prompt: which
     prompts had answers of one reward (RLOO learns nothing from them) and which tasks kept failing.
     The trajectories themselves (every token id and log-probability) are too big to bring back."""
+    if not os.path.exists(path):
+        return []
     groups = {}
-    for r in read_jsonl(path):
-        g = groups.setdefault((r["step"], r["task_id"]), {"step": r["step"], "task_id": r["task_id"],
-                                                         "rewards": [], "tokens": []})
-        g["rewards"].append(r["reward"])
-        g["tokens"].append(len(r["logprobs"]))
+    with open(path) as f:
+        for r in map(json.loads, f):  # a line at a time: a step's answers are ~1 MB
+            g = groups.setdefault((r["step"], r["task_id"]), {"step": r["step"], "task_id": r["task_id"],
+                                                             "rewards": [], "tokens": []})
+            g["rewards"].append(r["reward"])
+            g["tokens"].append(len(r["logprobs"]))
     return list(groups.values())
 
 
@@ -730,7 +733,7 @@ def results(run):
             continue
         m = read_jsonl(os.path.join(run.out, f"ppo_seed{seed}", "metrics.jsonl"))
         keep = ("step", "reward_mean", "pass_rate", "kl_ref", "approx_kl", "entropy", "rollout_logp_gap",
-                "response_len", "peak_mem_gib", "mixed_groups")
+                "response_length", "peak_mem_gib", "mixed_groups", "answers", "dropped")
         seeds.append({"seed": seed, "eval": ps["eval"], "stopped": ps["done"],
                       "train_metrics": [{k: x[k] for k in keep if k in x} for x in m]})
     sft = st.get("sft", {})
@@ -767,9 +770,12 @@ def stat(seeds, step, key):
 
 
 def train_mean(seeds, lo, hi, key):
-    """The mean of a PPO metric over every seed's steps lo+1..hi (None if none logged it): what the
-    updates between two eval points saw (mixed_groups: the share of prompts RLOO learns from)."""
-    xs = [m[key] for s in seeds for m in s["train_metrics"] if lo < m["step"] <= hi and m.get(key) is not None]
+    """The mean of a PPO metric over steps lo+1..hi of the seeds evaluated at hi (None if none logged
+    it): what the updates between two eval points saw (mixed_groups: the share of prompts RLOO
+    learns from)."""
+    xs = [m[key] for s in seeds if any(p["step"] == hi for p in s["eval"])  # the seeds of the point's row
+          for m in s["train_metrics"] if lo < m["step"] <= hi and m.get(key) is not None
+          and m.get("dropped") != m.get("answers", -1)]  # a step the judge scored nothing of logs zeros
     return sum(xs) / len(xs) if xs else None
 
 

@@ -1,6 +1,7 @@
 """The learning run's paired comparison (bench/learning_run.py `paired`): each seed's answers
 against the SFT model's on the same test tasks, with an interval from resampling the tasks; and
-the per-prompt table of a PPO chunk's rollout rewards (`rollout_rewards`).
+the per-prompt table of a PPO chunk's rollout rewards (`rollout_rewards`) and the summary's PPO means
+(`train_mean`).
 
 Run from the repo root:  .venv/bin/python3 -m unittest discover -s tests/python
 """
@@ -85,14 +86,19 @@ class RolloutRewards(unittest.TestCase):
 
 
 class TrainMean(unittest.TestCase):
-    def test_the_steps_between_two_eval_points_of_every_seed(self):
-        seeds = [{"train_metrics": [{"step": 1, "mixed_groups": 0.5}, {"step": 2, "mixed_groups": 0.25},
-                                    {"step": 3, "mixed_groups": 1.0}]},
-                 {"train_metrics": [{"step": 2, "mixed_groups": 0.0}, {"step": 3}]}]
-        self.assertAlmostEqual(L.train_mean(seeds, 1, 3, "mixed_groups"), (0.25 + 1.0 + 0.0) / 3)
-        self.assertIsNone(L.train_mean(seeds, 3, 4, "mixed_groups"))  # no step there
+    def test_the_steps_between_two_eval_points_of_the_seeds_evaluated_there(self):
+        at = lambda *steps: [{"step": st} for st in steps]  # noqa: E731
+        seeds = [{"eval": at(3), "train_metrics": [{"step": 1, "mixed_groups": 0.5}, {"step": 2, "mixed_groups": 0.25},
+                                                   {"step": 3, "mixed_groups": 1.0}]},
+                 {"eval": at(3), "train_metrics": [{"step": 2, "mixed_groups": 0.0}, {"step": 3}]},
+                 # trained past its last eval point (cut, or still running): not in step 3's row
+                 {"eval": at(), "train_metrics": [{"step": 2, "mixed_groups": 0.9}]},
+                 # the judge scored none of step 2's answers: its zeros are no measurement
+                 {"eval": at(3), "train_metrics": [{"step": 2, "mixed_groups": 0.0, "answers": 8, "dropped": 8},
+                                                   {"step": 3, "mixed_groups": 0.5, "answers": 8, "dropped": 1}]}]
+        self.assertAlmostEqual(L.train_mean(seeds, 1, 3, "mixed_groups"), (0.25 + 1.0 + 0.0 + 0.5) / 4)
+        self.assertIsNone(L.train_mean(seeds, 3, 4, "mixed_groups"))  # no seed evaluated there
         self.assertIsNone(L.train_mean(seeds, 0, 3, "kl_ref"))  # a metric no step logged
-
 
 if __name__ == "__main__":
     unittest.main()
