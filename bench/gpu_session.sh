@@ -283,8 +283,8 @@ print('actor after 2 steps: max |weight change|', max(float((a[k].float() - b[k]
     # not in the copy); then SFT's best model, which every PPO seed starts from (a seed cut without
     # its checkpoint starts again). checkpoint* also leaves out the .tmp and .old a cut save leaves.
     # No PPO trajectories (every token id and log-probability: at the CPU smoke run's ~2 KB an answer
-    # gzipped, ~15 MB for a whole run): a
-    # finished seed keeps its rollouts.jsonl, an unfinished one starts again and writes them anew.
+    # gzipped, ~15 MB for a whole run): a finished seed keeps its rollouts.jsonl, an unfinished one
+    # starts again and writes them anew.
     lr_skip=(--exclude=lr/.lock --exclude='lr/*/checkpoint*' --exclude='lr/*/rows' --exclude='lr/ppo_seed*/actor' --exclude='lr/ppo_seed*/critic'
              --exclude='lr/ppo_seed*/trajectories.jsonl'
              --exclude=lr/verify --exclude=lr/workspace)
