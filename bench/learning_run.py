@@ -224,8 +224,7 @@ class Run:
 def read_records(corpus):
     recs = []
     for p in sorted(glob.glob(os.path.join(corpus, "*.jsonl"))):
-        with open(p) as f:
-            recs += [json.loads(line) for line in f if line.strip()]
+        recs += read_jsonl(p)
     if not recs:
         raise SystemExit(f"{corpus}: no .jsonl shards (an `opforge export` folder, plain JSONL)")
     return recs
@@ -425,11 +424,17 @@ def write_jsonl(path, rows):
     os.replace(tmp, path)
 
 
-def read_jsonl(path):
+def iter_jsonl(path):
+    """A JSONL file's rows a line at a time (nothing if it is not there): a PPO seed's trajectories
+    are ~1 MB a step."""
     if not os.path.exists(path):
-        return []
+        return
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        yield from (json.loads(line) for line in f if line.strip())
+
+
+def read_jsonl(path):
+    return list(iter_jsonl(path))
 
 
 # ---------------------------------------------------------------- stages
@@ -630,15 +635,12 @@ def rollout_rewards(path):
     """Each PPO step's judged answers as {step, task_id, rewards, tokens}, one row per prompt: which
     prompts had answers of one reward (RLOO learns nothing from them) and which tasks kept failing.
     The trajectories themselves (every token id and log-probability) are too big to bring back."""
-    if not os.path.exists(path):
-        return []
     groups = {}
-    with open(path) as f:
-        for r in map(json.loads, f):  # a line at a time: a step's answers are ~1 MB
-            g = groups.setdefault((r["step"], r["task_id"]), {"step": r["step"], "task_id": r["task_id"],
-                                                             "rewards": [], "tokens": []})
-            g["rewards"].append(r["reward"])
-            g["tokens"].append(len(r["logprobs"]))
+    for r in iter_jsonl(path):
+        g = groups.setdefault((r["step"], r["task_id"]), {"step": r["step"], "task_id": r["task_id"],
+                                                         "rewards": [], "tokens": []})
+        g["rewards"].append(r["reward"])
+        g["tokens"].append(len(r["logprobs"]))
     return list(groups.values())
 
 
@@ -781,11 +783,7 @@ def train_mean(seeds, lo, hi, key):
 
 def eval_rewards(path):
     """{task_id: reward} of an eval's rows (None: the judge gave no verdict); {} if not there."""
-    if not os.path.exists(path):
-        return {}
-    with open(path) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return {r["task_id"]: r.get("reward") for r in rows}
+    return {r["task_id"]: r.get("reward") for r in iter_jsonl(path)}
 
 
 def paired(out, seeds, step, resamples=2000):
