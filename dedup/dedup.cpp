@@ -209,31 +209,221 @@ std::optional<std::pair<std::string, std::string>> KernelBenchOps::match(const s
   return std::nullopt;
 }
 
+namespace {
+
+// data/kernelbench_ops.json: how KernelBench's problems spell their ops (null with --no-kernelbench-names).
+json kernelbench_table(const DedupOptions& opts) {
+  if (!opts.kernelbench_names) return nullptr;
+  auto path = data_dir() / "kernelbench_ops.json";
+  OPFORGE_CHECK(std::filesystem::exists(path),
+                "{} is missing (regenerate it with data/tools/kernelbench_ops.py, or pass --no-kernelbench-names)",
+                path.string());
+  return with_context("while reading " + path.string(), [&] { return json::parse(read_text(path)); });
+}
+
+std::vector<Item> load_accepted(Db& db) {
+  std::vector<Item> items;
+  if (!db.has_table("filter_results")) return items;
+  auto st = db.prepare(
+      "SELECT t.id, coalesce(f.code, t.code), f.ops FROM tasks t JOIN filter_results f ON f.task_id = t.id "
+      "WHERE f.verdict = 'accepted' ORDER BY t.id");
+  while (st.step()) items.push_back({st.text(0), st.text(1), st.is_null(2) ? json(nullptr) : json::parse(st.text(2))});
+  return items;
+}
+
+// Exact duplicates: the first task (smallest id) of each normal form stands for the others.
+struct ExactGroups {
+  std::vector<long> exact_of;  // per task: the position of its first twin, or -1
+  std::vector<idx_t> uniq;     // task positions of first occurrences
+};
+
+ExactGroups exact_groups(const std::vector<Features>& tfeat) {
+  ExactGroups g{std::vector<long>(tfeat.size(), -1), {}};
+  std::unordered_map<std::uint64_t, std::size_t> first;
+  for (std::size_t i = 0; i < tfeat.size(); ++i) {
+    auto [it, fresh] = first.emplace(tfeat[i].normal_hash, i);
+    if (fresh) g.uniq.push_back(static_cast<idx_t>(i));
+    else g.exact_of[i] = static_cast<long>(it->second);
+  }
+  return g;
+}
+
+// Each task's k most similar distinct normal forms (k = kNeighbours, or fewer forms).
+struct Neighbours {
+  int k = 0;
+  std::vector<float> sim;     // n x k cosines, most similar first
+  std::vector<idx_t> label;   // n x k positions in ExactGroups::uniq, -1 where none
+};
+
+// Near duplicates and each task's nearest other task, from one top-k search over the distinct
+// normal forms (exact up to exact_up_to of them, index.h): the kNeighbours most similar, of
+// which those at or above within_threshold are near duplicates. A task has more than a few
+// such only inside a cluster of copies, and then the cluster's kept first member is among the
+// closest; one search instead of a range search plus a top-2 halves the time at scale.
+Neighbours search_tasks(const std::vector<float>& tx, const std::vector<idx_t>& uniq, int d, long exact_up_to) {
+  constexpr int kNeighbours = 16;
+  const std::size_t n = tx.size() / static_cast<std::size_t>(d);
+  std::vector<float> ux(uniq.size() * static_cast<std::size_t>(d));
+  for (std::size_t k = 0; k < uniq.size(); ++k)
+    std::copy_n(tx.begin() + uniq[k] * d, d, ux.begin() + static_cast<std::ptrdiff_t>(k * d));
+  auto index = make_index(d, static_cast<long>(uniq.size()), ux.data(), exact_up_to);
+  Neighbours nb;
+  nb.k = std::min<int>(kNeighbours, static_cast<int>(uniq.size()));
+  nb.sim.resize(n * nb.k);
+  nb.label.resize(n * nb.k);
+  index->search(static_cast<idx_t>(n), tx.data(), nb.k, nb.sim.data(), nb.label.data());
+  return nb;
+}
+
+// Every task's nearest reference (label -1 and similarity 0 without references).
+std::pair<std::vector<float>, std::vector<idx_t>> nearest_references(const std::vector<float>& tx,
+                                                                     const std::vector<Features>& rfeat,
+                                                                     const DedupOptions& opts) {
+  const std::size_t n = tx.size() / static_cast<std::size_t>(opts.dims);
+  std::vector<float> rd(n, 0.f);
+  std::vector<idx_t> rl(n, -1);
+  if (rfeat.empty()) return {rd, rl};
+  std::vector<float> rx = matrix(rfeat, opts.dims, opts.ops_weight);
+  auto rindex = make_index(opts.dims, static_cast<long>(rfeat.size()), rx.data(), opts.exact_up_to);
+  rindex->search(static_cast<idx_t>(n), tx.data(), 1, rd.data(), rl.data());
+  return {rd, rl};
+}
+
+struct Row {
+  bool kept = true;
+  std::string reason, duplicate_of, kb_problem;
+  long nearest_task = -1;
+  double task_sim = 0;
+  std::vector<std::string> seq;
+};
+
+// Cosines of equal unit vectors come out a hair below 1 in float: compare with slack.
+constexpr double kSlack = 1e-5;
+
+// Everything dedup needs to decide one task, computed once for all of them.
+struct Evidence {
+  const std::vector<Item>& items;
+  const std::vector<Features>& tfeat;
+  const ExactGroups& exact;
+  const Neighbours& nb;
+  const std::vector<float>& ref_sim;
+  bool has_refs;
+  const json& vocab;
+  const KernelBenchOps& kb;
+  const DedupOptions& opts;
+};
+
+// The most similar earlier task that is still kept, at or above within_threshold: (position, cosine).
+std::pair<long, double> earlier_kept_twin(std::size_t i, const Evidence& ev, const std::vector<Row>& rows) {
+  double best = -2;
+  long best_j = -1;
+  for (int e = 0; e < ev.nb.k; ++e) {
+    idx_t q = ev.nb.label[i * ev.nb.k + e];
+    float sim = ev.nb.sim[i * ev.nb.k + e];
+    if (q < 0 || sim < ev.opts.within_threshold - kSlack) continue;
+    long j = static_cast<long>(ev.exact.uniq[q]);
+    if (j < static_cast<long>(i) && rows[j].kept && sim > best) {
+      best = sim;
+      best_j = j;
+    }
+  }
+  return {best_j, best};
+}
+
+// One task's verdict; rows before i are already decided (id order keeps "earlier" stable).
+Row decide(std::size_t i, const Evidence& ev, const std::vector<Row>& rows) {
+  Row r;
+  for (int k = 0; k < ev.nb.k; ++k) {
+    idx_t j = ev.nb.label[i * ev.nb.k + k];
+    if (j < 0 || static_cast<std::size_t>(ev.exact.uniq[j]) == i) continue;
+    r.nearest_task = static_cast<long>(ev.exact.uniq[j]);
+    r.task_sim = ev.nb.sim[i * ev.nb.k + k];
+    break;
+  }
+  r.seq = op_tokens(ev.items[i].ops.is_null() ? ev.tfeat[i].ops : ev.items[i].ops, ev.vocab);
+  auto drop = [&](std::string reason) {
+    r.kept = false;
+    r.reason = std::move(reason);
+    return r;
+  };
+  if (long twin = ev.exact.exact_of[i]; twin >= 0) {
+    r.duplicate_of = ev.items[twin].id;
+    r.nearest_task = twin;
+    r.task_sim = 1.0;
+    return drop("exact_duplicate");
+  }
+  if (auto hit = ev.kb.match(r.seq)) {
+    r.kb_problem = hit->second;
+    return drop(hit->first);
+  }
+  if (ev.has_refs && ev.ref_sim[i] >= ev.opts.threshold - kSlack) return drop("kernelbench_similar");
+  if (auto [j, sim] = earlier_kept_twin(i, ev, rows); j >= 0) {
+    r.duplicate_of = ev.items[j].id;
+    r.nearest_task = j;
+    r.task_sim = sim;
+    return drop("near_duplicate");
+  }
+  return r;
+}
+
+json run_config(const DedupOptions& opts, std::size_t reference_files) {
+  json config = {{"references", json::array()},
+                 {"threshold", opts.threshold},
+                 {"within_threshold", opts.within_threshold},
+                 {"kernelbench_names", opts.kernelbench_names},
+                 {"dims", opts.dims},
+                 {"ops_weight", opts.ops_weight},
+                 {"reference_files", reference_files}};
+  for (auto& p : opts.references) config["references"].push_back(std::filesystem::absolute(p).string());
+  return config;
+}
+
+// From scratch, in one transaction: a killed run leaves the previous results whole.
+void write_results(Db& db, const std::vector<Item>& items, const std::vector<Features>& tfeat,
+                   const std::vector<Item>& refs, const std::pair<std::vector<float>, std::vector<idx_t>>& nearest_ref,
+                   const std::vector<Row>& rows, const json& config, DedupSummary& sum) {
+  const auto& [rd, rl] = nearest_ref;
+  db.transaction([&] {
+    db.exec("DELETE FROM dedup_results");
+    auto st = db.prepare(
+        "INSERT INTO dedup_results(task_id, kept, reason, duplicate_of, nearest_ref, ref_similarity, nearest_task, "
+        "task_similarity, kernelbench_problem, normal_hash, op_sequence) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      const Row& r = rows[i];
+      st.reset();
+      st.bind(1, items[i].id).bind(2, r.kept ? 1 : 0);
+      r.reason.empty() ? st.bind_null(3) : st.bind(3, r.reason);
+      r.duplicate_of.empty() ? st.bind_null(4) : st.bind(4, r.duplicate_of);
+      if (!refs.empty() && rl[i] >= 0) st.bind(5, refs[rl[i]].id).bind(6, static_cast<double>(rd[i]));
+      else st.bind_null(5).bind_null(6);
+      if (r.nearest_task >= 0) st.bind(7, items[r.nearest_task].id).bind(8, r.task_sim);
+      else st.bind_null(7).bind_null(8);
+      r.kb_problem.empty() ? st.bind_null(9) : st.bind(9, r.kb_problem);
+      st.bind(10, fmt::format("{:016x}", tfeat[i].normal_hash)).bind(11, json(r.seq).dump());
+      st.run();
+      if (r.kept) {
+        ++sum.kept;
+      } else {
+        ++sum.dropped;
+        ++sum.reasons[r.reason];
+      }
+    }
+    db.prepare("INSERT OR REPLACE INTO dedup_config(id, config) VALUES(1, ?)").bind(1, config.dump()).run();
+  });
+}
+
+}  // namespace
+
 DedupSummary dedup(Workspace& ws, const DedupOptions& opts) {
   auto t0 = std::chrono::steady_clock::now();
   Db& db = ws.db();
   migrate(db);
   DedupSummary sum;
   OPFORGE_CHECK(opts.dims > 0, "--dims must be positive");
-
   // Checked before any work: a wrong path must not cost a features pass first.
   std::vector<Item> refs = load_references(opts.references);
-  json table;
-  if (opts.kernelbench_names) {
-    auto path = data_dir() / "kernelbench_ops.json";
-    OPFORGE_CHECK(std::filesystem::exists(path),
-                  "{} is missing (regenerate it with data/tools/kernelbench_ops.py, or pass --no-kernelbench-names)",
-                  path.string());
-    table = with_context("while reading " + path.string(), [&] { return json::parse(read_text(path)); });
-  }
-
-  std::vector<Item> items;
-  if (db.has_table("filter_results")) {
-    auto st = db.prepare(
-        "SELECT t.id, coalesce(f.code, t.code), f.ops FROM tasks t JOIN filter_results f ON f.task_id = t.id "
-        "WHERE f.verdict = 'accepted' ORDER BY t.id");
-    while (st.step()) items.push_back({st.text(0), st.text(1), st.is_null(2) ? json(nullptr) : json::parse(st.text(2))});
-  }
+  const json table = kernelbench_table(opts);
+  std::vector<Item> items = load_accepted(db);
   sum.accepted = static_cast<long>(items.size());
   sum.references = static_cast<long>(refs.size());
   if (items.empty()) {
@@ -242,7 +432,6 @@ DedupSummary dedup(Workspace& ws, const DedupOptions& opts) {
     return sum;
   }
 
-  // Features of tasks and references.
   auto tf = std::chrono::steady_clock::now();
   WorkerPoolOptions popts;
   std::size_t batches = (items.size() + 255) / 256 + (refs.size() + 255) / 256;
@@ -257,157 +446,20 @@ DedupSummary dedup(Workspace& ws, const DedupOptions& opts) {
   auto ts = std::chrono::steady_clock::now();
   sum.features_seconds = std::chrono::duration<double>(ts - tf).count();
 
-  const std::size_t n = items.size();
-  const int d = opts.dims;
-  std::vector<float> tx = matrix(tfeat, d, opts.ops_weight);
-
-  // Exact duplicates: the first task (smallest id) of each normal form stands for the others.
-  std::vector<long> exact_of(n, -1);
-  std::vector<idx_t> uniq;  // task positions of first occurrences
-  {
-    std::unordered_map<std::uint64_t, std::size_t> first;
-    for (std::size_t i = 0; i < n; ++i) {
-      auto [it, fresh] = first.emplace(tfeat[i].normal_hash, i);
-      if (fresh) uniq.push_back(static_cast<idx_t>(i));
-      else exact_of[i] = static_cast<long>(it->second);
-    }
-  }
-
-  // Near duplicates and each task's nearest other task, from one top-k search over the distinct
-  // normal forms (exact up to kExactUpTo of them, index.h): the kNeighbours most similar, of
-  // which those at or above within_threshold are near duplicates. A task has more than a few
-  // such only inside a cluster of copies, and then the cluster's kept first member is among the
-  // closest; one search instead of a range search plus a top-2 halves the time at scale.
-  std::vector<float> ux(uniq.size() * static_cast<std::size_t>(d));
-  for (std::size_t k = 0; k < uniq.size(); ++k)
-    std::copy_n(tx.begin() + uniq[k] * d, d, ux.begin() + static_cast<std::ptrdiff_t>(k * d));
-  auto tindex = make_index(d, static_cast<long>(uniq.size()), ux.data(), opts.exact_up_to);
-  // Cosines of equal unit vectors come out a hair below 1 in float: compare with slack.
-  constexpr double kSlack = 1e-5;
-  constexpr int kNeighbours = 16;
-  const int k2 = std::min<int>(kNeighbours, static_cast<int>(uniq.size()));
-  std::vector<float> nd(n * k2);
-  std::vector<idx_t> nl(n * k2);
-  tindex->search(static_cast<idx_t>(n), tx.data(), k2, nd.data(), nl.data());
-
-  // Nearest reference of every task.
-  std::vector<float> rd(n, 0.f);
-  std::vector<idx_t> rl(n, -1);
-  if (!refs.empty()) {
-    std::vector<float> rx = matrix(rfeat, d, opts.ops_weight);
-    auto rindex = make_index(d, static_cast<long>(refs.size()), rx.data(), opts.exact_up_to);
-    rindex->search(static_cast<idx_t>(n), tx.data(), 1, rd.data(), rl.data());
-  }
-
+  std::vector<float> tx = matrix(tfeat, opts.dims, opts.ops_weight);
+  const ExactGroups exact = exact_groups(tfeat);
+  const Neighbours nb = search_tasks(tx, exact.uniq, opts.dims, opts.exact_up_to);
+  const auto nearest_ref = nearest_references(tx, rfeat, opts);
   // Without the table, op sequences are still recorded, spelled as lower-cased op names.
   const json vocab = table.is_null() ? json{{"op_prefixes", json::array()}, {"op_tokens", json::object()}} : table;
   const KernelBenchOps kb = opts.kernelbench_names ? KernelBenchOps(table) : KernelBenchOps();
-
-  struct Row {
-    bool kept = true;
-    std::string reason, duplicate_of, kb_problem;
-    long nearest_task = -1;
-    double task_sim = 0;
-    std::vector<std::string> seq;
-  };
-  std::vector<Row> rows(n);
-
-  // Decided in id order, so "earlier" and "first" are stable across runs.
-  for (std::size_t i = 0; i < n; ++i) {
-    Row& r = rows[i];
-    for (int k = 0; k < k2; ++k) {
-      idx_t j = nl[i * k2 + k];
-      if (j < 0 || static_cast<std::size_t>(uniq[j]) == i) continue;
-      r.nearest_task = static_cast<long>(uniq[j]);
-      r.task_sim = nd[i * k2 + k];
-      break;
-    }
-    r.seq = op_tokens(items[i].ops.is_null() ? tfeat[i].ops : items[i].ops, vocab);
-    if (exact_of[i] >= 0) {
-      r.kept = false;
-      r.reason = "exact_duplicate";
-      r.duplicate_of = items[exact_of[i]].id;
-      r.nearest_task = exact_of[i];
-      r.task_sim = 1.0;
-      continue;
-    }
-    if (auto hit = kb.match(r.seq)) {
-      r.kept = false;
-      r.reason = hit->first;
-      r.kb_problem = hit->second;
-      continue;
-    }
-    if (!refs.empty() && rd[i] >= opts.threshold - kSlack) {
-      r.kept = false;
-      r.reason = "kernelbench_similar";
-      continue;
-    }
-    // The most similar earlier task that is still kept, at or above within_threshold.
-    double best = -2;
-    long best_j = -1;
-    for (int e = 0; e < k2; ++e) {
-      idx_t q = nl[i * k2 + e];
-      if (q < 0 || nd[i * k2 + e] < opts.within_threshold - kSlack) continue;
-      long j = static_cast<long>(uniq[q]);
-      if (j < static_cast<long>(i) && rows[j].kept && nd[i * k2 + e] > best) {
-        best = nd[i * k2 + e];
-        best_j = j;
-      }
-    }
-    if (best_j >= 0) {
-      r.kept = false;
-      r.reason = "near_duplicate";
-      r.duplicate_of = items[best_j].id;
-      r.nearest_task = best_j;
-      r.task_sim = best;
-    }
-  }
+  const Evidence ev{items, tfeat, exact, nb, nearest_ref.first, !refs.empty(), vocab, kb, opts};
+  std::vector<Row> rows;
+  rows.reserve(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) rows.push_back(decide(i, ev, rows));
   sum.search_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
 
-  json config = {{"references", json::array()},
-                 {"threshold", opts.threshold},
-                 {"within_threshold", opts.within_threshold},
-                 {"kernelbench_names", opts.kernelbench_names},
-                 {"dims", opts.dims},
-                 {"ops_weight", opts.ops_weight},
-                 {"reference_files", refs.size()}};
-  for (auto& p : opts.references) config["references"].push_back(std::filesystem::absolute(p).string());
-
-  // From scratch, in one transaction: a killed run leaves the previous results whole.
-  db.transaction([&] {
-    db.exec("DELETE FROM dedup_results");
-    auto st = db.prepare(
-        "INSERT INTO dedup_results(task_id, kept, reason, duplicate_of, nearest_ref, ref_similarity, nearest_task, "
-        "task_similarity, kernelbench_problem, normal_hash, op_sequence) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)");
-    for (std::size_t i = 0; i < n; ++i) {
-      const Row& r = rows[i];
-      st.reset();
-      st.bind(1, items[i].id).bind(2, r.kept ? 1 : 0);
-      r.reason.empty() ? st.bind_null(3) : st.bind(3, r.reason);
-      r.duplicate_of.empty() ? st.bind_null(4) : st.bind(4, r.duplicate_of);
-      if (!refs.empty() && rl[i] >= 0) {
-        st.bind(5, refs[rl[i]].id).bind(6, static_cast<double>(rd[i]));
-      } else {
-        st.bind_null(5).bind_null(6);
-      }
-      if (r.nearest_task >= 0) {
-        st.bind(7, items[r.nearest_task].id).bind(8, r.task_sim);
-      } else {
-        st.bind_null(7).bind_null(8);
-      }
-      r.kb_problem.empty() ? st.bind_null(9) : st.bind(9, r.kb_problem);
-      st.bind(10, fmt::format("{:016x}", tfeat[i].normal_hash)).bind(11, json(r.seq).dump());
-      st.run();
-      if (r.kept) {
-        ++sum.kept;
-      } else {
-        ++sum.dropped;
-        ++sum.reasons[r.reason];
-      }
-    }
-    auto cst = db.prepare("INSERT OR REPLACE INTO dedup_config(id, config) VALUES(1, ?)");
-    cst.bind(1, config.dump()).run();
-  });
+  write_results(db, items, tfeat, refs, nearest_ref, rows, run_config(opts, refs.size()), sum);
   sum.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return sum;
 }
