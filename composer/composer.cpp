@@ -431,6 +431,114 @@ ComposeSummary compose_shard(Workspace& ws, const ComposeOptions& opts,
   return run.sum;
 }
 
+// The runnable torch seeds the llm backend fuses: names and code for the prompt, ids for provenance.
+struct LlmSeedPool {
+  std::vector<PromptSeed> seeds;
+  std::vector<std::string> ids;
+};
+
+LlmSeedPool torch_seed_pool(Workspace& ws) {
+  LlmSeedPool p;
+  for (auto& s : load_seeds(ws.db()))
+    if (s["source"] == "torch") {
+      p.seeds.push_back({s["name"], s["code"]});
+      p.ids.push_back(s["id"]);
+    }
+  OPFORGE_CHECK(!p.seeds.empty(), "no runnable torch seeds in {}: run `opforge crawl --workspace {}` first",
+                ws.root().string(), ws.root().string());
+  return p;
+}
+
+// Indices whose request failed for a passing reason (rate limit, server error, timeout,
+// network) were never answered, so nothing is cached for them: they are asked again first,
+// then --count new ones.
+std::vector<long> llm_indices(Db& db, const ComposeOptions& opts) {
+  std::vector<long> indices;
+  auto st = db.prepare(
+      "SELECT idx FROM compose_failures WHERE backend = 'llm' AND rng_seed = ? AND (reason IN ('timeout', "
+      "'network', 'http_429') OR reason LIKE 'http_5%') ORDER BY idx");
+  st.bind(1, static_cast<std::int64_t>(opts.seed));
+  while (st.step()) indices.push_back(st.int64(0));
+  if (!indices.empty()) spdlog::info("asking again {} requests that failed for a passing reason", indices.size());
+  long first = next_index(db, "llm", opts.seed);
+  for (long i = first; i < first + opts.count; ++i) indices.push_back(i);
+  return indices;
+}
+
+struct LlmJob {
+  long index;
+  std::string bucket;
+  std::vector<std::size_t> seeds;  // positions in LlmSeedPool
+  ComposePrompt prompt;
+};
+
+// Index i's bucket and distinct seeds, drawn from (seed, i) alone: the same prompt on every rerun.
+LlmJob plan_llm_job(long i, const std::vector<std::pair<std::string, double>>& mix, double total,
+                    const LlmSeedPool& pool, std::uint64_t seed) {
+  std::mt19937_64 rng(seed * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(i));
+  double u = std::uniform_real_distribution<double>(0, total)(rng), acc = 0;
+  std::string bucket = mix.back().first;
+  for (auto& [b, p] : mix)
+    if ((acc += p) > u) {
+      bucket = b;
+      break;
+    }
+  LlmJob job{i, bucket, {}, {}};
+  std::vector<PromptSeed> picked;
+  int k_ops = std::min<int>(std::stoi(bucket), static_cast<int>(pool.seeds.size()));
+  while (static_cast<int>(job.seeds.size()) < k_ops) {  // distinct ops: the prompt says each once
+    std::size_t s = std::uniform_int_distribution<std::size_t>(0, pool.seeds.size() - 1)(rng);
+    if (std::find(job.seeds.begin(), job.seeds.end(), s) != job.seeds.end()) continue;
+    job.seeds.push_back(s);
+    picked.push_back(pool.seeds[s]);
+  }
+  job.prompt = build_compose_prompt(picked);
+  return job;
+}
+
+// One answer into the workspace: a new task, or a compose failure with its reason.
+void commit_llm_answer(Db& db, WorkerPool& normalizer, const LlmJob& job, const LlmResponse& r,
+                       const LlmSeedPool& pool, const ComposeOptions& opts, ComposeSummary& sum) {
+  auto fail = [&](const std::string& reason, const std::string& detail) {
+    record_failure(db, "llm", opts.seed, job.index, job.bucket, reason, detail);
+    ++sum.failed;
+    ++sum.failures[reason];
+  };
+  if (!r.ok) return fail(r.reason, r.detail);
+  if (r.finish_reason == "length") return fail("truncated", r.content.substr(0, 2000));  // half a program
+  ExtractedCode code = extract_model_code(r.content);
+  if (!code.ok) return fail(code.reason, r.content.substr(0, 2000));
+  WorkerResult nr = normalizer.call({{"op", "normalize"}, {"args", {{"codes", {code.code}}}}});
+  OPFORGE_CHECK(nr.outcome == Outcome::ok && nr.reply.value("ok", false), "normalising an answer failed: {}",
+                nr.reason);
+  tasks::NewTask t;
+  t.id = xxh3_hex(nr.reply["result"][0].get<std::string>());
+  t.code = code.code;
+  t.source = "torch";
+  t.backend = "llm";
+  t.num_ops = std::stoi(job.bucket);
+  json names = json::array(), ids = json::array();
+  for (auto s : job.seeds) {
+    names.push_back(pool.seeds[s].name);
+    ids.push_back(pool.ids[s]);
+  }
+  t.ops = names;
+  t.seed_ids = ids;
+  t.provenance = {{"backend", "llm"},          {"rng_seed", opts.seed},          {"index", job.index},
+                  {"bucket", job.bucket},      {"model", opts.llm_model},        {"prompt_hash", job.prompt.hash},
+                  {"prompt_tokens", r.prompt_tokens}, {"completion_tokens", r.completion_tokens},
+                  {"finish_reason", r.finish_reason}, {"seed_names", names}};
+  bool added = false;
+  db.transaction([&] { added = tasks::insert(db, t); });
+  if (!added) {
+    record_failure(db, "llm", opts.seed, job.index, job.bucket, "duplicate", "same normalised code as task " + t.id);
+    ++sum.duplicates;
+    return;
+  }
+  ++sum.added;
+  ++sum.by_bucket[job.bucket];
+}
+
 // The llm backend: one prompt per index, built from 1-5 sampled torch seeds; answers are cached
 // in the workspace, so a resumed or repeated run spends no tokens twice.
 ComposeSummary compose_llm(Workspace& ws, const ComposeOptions& opts,
@@ -442,18 +550,7 @@ ComposeSummary compose_llm(Workspace& ws, const ComposeOptions& opts,
   OPFORGE_CHECK(!mix.empty(), "the llm backend composes torch ops: --mix has no bucket 1-5");
   double total = 0;
   for (auto& [b, p] : mix) total += p;
-  std::vector<PromptSeed> pool;
-  std::vector<std::string> pool_ids;
-  {
-    json seeds = load_seeds(db);
-    for (auto& s : seeds)
-      if (s["source"] == "torch") {
-        pool.push_back({s["name"], s["code"]});
-        pool_ids.push_back(s["id"]);
-      }
-  }
-  OPFORGE_CHECK(!pool.empty(), "no runnable torch seeds in {}: run `opforge crawl --workspace {}` first",
-                ws.root().string(), ws.root().string());
+  const LlmSeedPool pool = torch_seed_pool(ws);
 
   LlmOptions lo;
   lo.url = opts.llm_url;
@@ -463,48 +560,11 @@ ComposeSummary compose_llm(Workspace& ws, const ComposeOptions& opts,
   lo.timeout_s = opts.llm_timeout_s;
   LlmClient client(lo, &db);
 
-  long first = next_index(db, "llm", opts.seed);
-  // Indices whose request failed for a passing reason (rate limit, server error, timeout,
-  // network) were never answered, so nothing is cached for them: ask them again first.
-  std::vector<long> indices;
-  {
-    auto st = db.prepare(
-        "SELECT idx FROM compose_failures WHERE backend = 'llm' AND rng_seed = ? AND (reason IN ('timeout', "
-        "'network', 'http_429') OR reason LIKE 'http_5%') ORDER BY idx");
-    st.bind(1, static_cast<std::int64_t>(opts.seed));
-    while (st.step()) indices.push_back(st.int64(0));
-    if (!indices.empty()) spdlog::info("asking again {} requests that failed for a passing reason", indices.size());
-  }
-  for (long i = first; i < first + opts.count; ++i) indices.push_back(i);
-  struct Job {
-    long index;
-    std::string bucket;
-    std::vector<std::size_t> seeds;
-    ComposePrompt prompt;
-  };
-  std::vector<Job> jobs;
+  std::vector<LlmJob> jobs;
   std::vector<LlmRequest> reqs;
-  for (long i : indices) {
-    std::mt19937_64 rng(opts.seed * 0x9E3779B97F4A7C15ULL + static_cast<std::uint64_t>(i));
-    double u = std::uniform_real_distribution<double>(0, total)(rng), acc = 0;
-    std::string bucket = mix.back().first;
-    for (auto& [b, p] : mix)
-      if ((acc += p) > u) {
-        bucket = b;
-        break;
-      }
-    Job job{i, bucket, {}, {}};
-    std::vector<PromptSeed> picked;
-    int k_ops = std::min<int>(std::stoi(bucket), static_cast<int>(pool.size()));
-    while (static_cast<int>(job.seeds.size()) < k_ops) {  // distinct ops: the prompt says each once
-      std::size_t s = std::uniform_int_distribution<std::size_t>(0, pool.size() - 1)(rng);
-      if (std::find(job.seeds.begin(), job.seeds.end(), s) != job.seeds.end()) continue;
-      job.seeds.push_back(s);
-      picked.push_back(pool[s]);
-    }
-    job.prompt = build_compose_prompt(picked);
-    reqs.push_back({job.prompt.prompt, job.prompt.system, static_cast<int>(i)});
-    jobs.push_back(std::move(job));
+  for (long i : llm_indices(db, opts)) {
+    jobs.push_back(plan_llm_job(i, mix, total, pool, opts.seed));
+    reqs.push_back({jobs.back().prompt.prompt, jobs.back().prompt.system, static_cast<int>(i)});
   }
   spdlog::info("asking {} ({}) for {} candidates, {} in flight", opts.llm_model, opts.llm_url, reqs.size(),
                opts.llm_concurrency);
@@ -513,7 +573,7 @@ ComposeSummary compose_llm(Workspace& ws, const ComposeOptions& opts,
   WorkerPoolOptions popts;
   popts.workers = 1;
   popts.log_file = ws.logs_dir() / "workers.log";
-  WorkerPool pool_w(popts);
+  WorkerPool normalizer(popts);
   Progress progress("llm", reqs.size());
   std::vector<LlmResponse> answers(reqs.size());
   client.complete(reqs, [&](std::size_t k, const LlmResponse& r) {
@@ -529,57 +589,7 @@ ComposeSummary compose_llm(Workspace& ws, const ComposeOptions& opts,
   progress.finish();
 
   // Commit in index order: deterministic given the same answers.
-  for (std::size_t k = 0; k < jobs.size(); ++k) {
-    const Job& job = jobs[k];
-    const LlmResponse& r = answers[k];
-    auto fail = [&](const std::string& reason, const std::string& detail) {
-      record_failure(db, "llm", opts.seed, job.index, job.bucket, reason, detail);
-      ++sum.failed;
-      ++sum.failures[reason];
-    };
-    if (!r.ok) {
-      fail(r.reason, r.detail);
-      continue;
-    }
-    if (r.finish_reason == "length") {  // cut off at max_tokens: half a program
-      fail("truncated", r.content.substr(0, 2000));
-      continue;
-    }
-    ExtractedCode code = extract_model_code(r.content);
-    if (!code.ok) {
-      fail(code.reason, r.content.substr(0, 2000));
-      continue;
-    }
-    WorkerResult nr = pool_w.call({{"op", "normalize"}, {"args", {{"codes", {code.code}}}}});
-    OPFORGE_CHECK(nr.outcome == Outcome::ok && nr.reply.value("ok", false), "normalising an answer failed: {}",
-                  nr.reason);
-    tasks::NewTask t;
-    t.id = xxh3_hex(nr.reply["result"][0].get<std::string>());
-    t.code = code.code;
-    t.source = "torch";
-    t.backend = "llm";
-    t.num_ops = std::stoi(job.bucket);
-    json names = json::array(), ids = json::array();
-    for (auto s : job.seeds) {
-      names.push_back(pool[s].name);
-      ids.push_back(pool_ids[s]);
-    }
-    t.ops = names;
-    t.seed_ids = ids;
-    t.provenance = {{"backend", "llm"},          {"rng_seed", opts.seed},          {"index", job.index},
-                    {"bucket", job.bucket},      {"model", opts.llm_model},        {"prompt_hash", job.prompt.hash},
-                    {"prompt_tokens", r.prompt_tokens}, {"completion_tokens", r.completion_tokens},
-                    {"finish_reason", r.finish_reason}, {"seed_names", names}};
-    bool added = false;
-    db.transaction([&] { added = tasks::insert(db, t); });
-    if (!added) {
-      record_failure(db, "llm", opts.seed, job.index, job.bucket, "duplicate", "same normalised code as task " + t.id);
-      ++sum.duplicates;
-      continue;
-    }
-    ++sum.added;
-    ++sum.by_bucket[job.bucket];
-  }
+  for (std::size_t k = 0; k < jobs.size(); ++k) commit_llm_answer(db, normalizer, jobs[k], answers[k], pool, opts, sum);
   return sum;
 }
 
