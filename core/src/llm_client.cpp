@@ -208,6 +208,112 @@ std::string payload(const LlmOptions& opts, const LlmRequest& req) {
   return body.dump();
 }
 
+// One request's easy handle, set up but not yet added to the multi handle.
+std::unique_ptr<Transfer> make_transfer(std::size_t i, const LlmOptions& opts, const std::string& endpoint,
+                                        const LlmRequest& req, const std::string& key) {
+  auto t = std::make_unique<Transfer>();
+  t->index = i;
+  t->easy = curl_easy_init();
+  OPFORGE_CHECK(t->easy, "cannot initialise libcurl (curl_easy_init failed)");
+  t->payload = payload(opts, req);
+  t->headers = curl_slist_append(t->headers, "Content-Type: application/json");
+  t->headers = curl_slist_append(t->headers, "Accept: application/json");
+  // libcurl sends `Expect: 100-continue` for large bodies (over 1 KiB before 7.87, 1 MiB since)
+  // and then waits up to a second for a 100 that many inference servers never send.
+  t->headers = curl_slist_append(t->headers, "Expect:");
+  if (!key.empty()) t->headers = curl_slist_append(t->headers, ("Authorization: Bearer " + key).c_str());
+  CURL* e = t->easy;
+  curl_easy_setopt(e, CURLOPT_URL, endpoint.c_str());
+  curl_easy_setopt(e, CURLOPT_POST, 1L);
+  curl_easy_setopt(e, CURLOPT_POSTFIELDS, t->payload.c_str());
+  curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(t->payload.size()));
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, t->headers);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, t.get());
+  curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
+  curl_easy_setopt(e, CURLOPT_HEADERDATA, t.get());
+  curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf);
+  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(opts.timeout_s * 1000));
+  curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(std::min(opts.timeout_s, 30.0) * 1000));
+  // No signals: SIGALRM-based DNS timeouts are unsafe with threads elsewhere in the process.
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(e, CURLOPT_ACCEPT_ENCODING, "");  // whatever this libcurl can decode
+  curl_easy_setopt(e, CURLOPT_USERAGENT, "opforge");
+  // Never let libcurl's verbose output print our headers (the key) anywhere.
+  curl_easy_setopt(e, CURLOPT_VERBOSE, 0L);
+  return t;
+}
+
+// A finished transfer's answer, or why it failed and whether asking again may help. A rejected
+// key ends the run: every other request would be rejected too.
+Outcome classify(Transfer& t, CURLcode cc, int attempts, const LlmOptions& opts, const std::string& endpoint,
+                 const std::string& key) {
+  Outcome o;
+  LlmResponse& r = o.response;
+  r.attempts = attempts;
+  long code = 0;
+  curl_easy_getinfo(t.easy, CURLINFO_RESPONSE_CODE, &code);
+  if (cc != CURLE_OK) {
+    std::string err = t.errbuf[0] ? t.errbuf : curl_easy_strerror(cc);
+    if (t.too_large) {
+      r.reason = "network";
+      r.detail = fmt::format("answer larger than {} MiB", kMaxBodyBytes >> 20);
+      return o;  // the same prompt would produce the same runaway answer: not retried
+    }
+    if (cc == CURLE_OPERATION_TIMEDOUT) {
+      r.reason = "timeout";
+      r.detail = fmt::format("no complete answer within {} s ({})", opts.timeout_s, err);
+    } else if (cc == CURLE_COULDNT_CONNECT || cc == CURLE_COULDNT_RESOLVE_HOST || cc == CURLE_COULDNT_RESOLVE_PROXY) {
+      r.reason = "unreachable";
+      r.detail = err;
+    } else {
+      r.reason = "network";
+      r.detail = err;
+    }
+    o.verdict = Verdict::retry;
+    return o;
+  }
+  if (code == 401 || code == 403) {
+    throw Error(redact(fmt::format("the LLM endpoint {} rejected the API key (HTTP {}: {}): check the environment "
+                                   "variable {} (named by --llm-key-env){}",
+                                   endpoint, code, body_excerpt(t.body), opts.key_env,
+                                   key.empty() ? ", which is not set, so no key was sent" : ""),
+                       key));
+  }
+  if (code == 429 || code >= 500) {
+    r.reason = fmt::format("http_{}", code);
+    r.detail = redact(body_excerpt(t.body), key);
+    o.verdict = Verdict::retry;
+    o.retry_after_s = t.retry_after_s;
+    return o;
+  }
+  if (code < 200 || code >= 300) {
+    r.reason = fmt::format("http_{}", code);
+    r.detail = redact(body_excerpt(t.body), key);
+    return o;
+  }
+  parse_answer(t.body, r);
+  return o;
+}
+
+// Requests not yet started, by the time they may start: (not before, index), FIFO among the ready.
+using Waiting = std::set<std::pair<Clock::time_point, std::size_t>>;
+
+// Waits for network activity, or until the next waiting request may start (at most 200 ms).
+void wait_for_activity(Multi& multi, const Waiting& waiting, Clock::time_point hold_until, int concurrency) {
+  long wait_ms = 200;
+  if (!waiting.empty() && static_cast<int>(multi.active.size()) < concurrency) {
+    auto next = std::max(waiting.begin()->first, hold_until);
+    wait_ms = std::clamp<long>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count(), 0, 200);
+  }
+  if (multi.active.empty()) {
+    if (wait_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
+  } else {
+    curl_multi_poll(multi.handle, nullptr, 0, static_cast<int>(wait_ms), nullptr);
+  }
+}
+
 }  // namespace
 
 std::string chat_completions_url(std::string_view base) {
@@ -267,7 +373,7 @@ std::vector<LlmResponse> LlmClient::complete(const std::vector<LlmRequest>& requ
 
   // 1. Cache hits cost no request.
   std::vector<std::string> keys(requests.size());
-  std::set<std::pair<Clock::time_point, std::size_t>> waiting;  // (not before, index): FIFO among the ready
+  Waiting waiting;
   const auto start = Clock::now();
   for (std::size_t i = 0; i < requests.size(); ++i) {
     keys[i] = cache_key(opts_, requests[i]);
@@ -299,90 +405,12 @@ std::vector<LlmResponse> LlmClient::complete(const std::vector<LlmRequest>& requ
   OPFORGE_CHECK(multi.handle, "cannot initialise libcurl (curl_multi_init failed)");
 
   auto launch = [&](std::size_t i) {
-    auto t = std::make_unique<Transfer>();
-    t->index = i;
-    t->easy = curl_easy_init();
-    OPFORGE_CHECK(t->easy, "cannot initialise libcurl (curl_easy_init failed)");
-    t->payload = payload(opts_, requests[i]);
-    t->headers = curl_slist_append(t->headers, "Content-Type: application/json");
-    t->headers = curl_slist_append(t->headers, "Accept: application/json");
-    // libcurl sends `Expect: 100-continue` for large bodies (over 1 KiB before 7.87, 1 MiB since)
-    // and then waits up to a second for a 100 that many inference servers never send.
-    t->headers = curl_slist_append(t->headers, "Expect:");
-    if (!key.empty()) t->headers = curl_slist_append(t->headers, ("Authorization: Bearer " + key).c_str());
-    CURL* e = t->easy;
-    curl_easy_setopt(e, CURLOPT_URL, endpoint_.c_str());
-    curl_easy_setopt(e, CURLOPT_POST, 1L);
-    curl_easy_setopt(e, CURLOPT_POSTFIELDS, t->payload.c_str());
-    curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(t->payload.size()));
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, t->headers);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, t.get());
-    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, on_header);
-    curl_easy_setopt(e, CURLOPT_HEADERDATA, t.get());
-    curl_easy_setopt(e, CURLOPT_ERRORBUFFER, t->errbuf);
-    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, static_cast<long>(opts_.timeout_s * 1000));
-    curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, static_cast<long>(std::min(opts_.timeout_s, 30.0) * 1000));
-    // No signals: SIGALRM-based DNS timeouts are unsafe with threads elsewhere in the process.
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_ACCEPT_ENCODING, "");  // whatever this libcurl can decode
-    curl_easy_setopt(e, CURLOPT_USERAGENT, "opforge");
-    // Never let libcurl's verbose output print our headers (the key) anywhere.
-    curl_easy_setopt(e, CURLOPT_VERBOSE, 0L);
-    CURLMcode mc = curl_multi_add_handle(multi.handle, e);
+    auto t = make_transfer(i, opts_, endpoint_, requests[i], key);
+    CURLMcode mc = curl_multi_add_handle(multi.handle, t->easy);
     OPFORGE_CHECK(mc == CURLM_OK, "cannot start an LLM request: {}", curl_multi_strerror(mc));
     ++attempts[i];
     ++requests_sent_;
     multi.active.push_back(std::move(t));
-  };
-
-  auto classify = [&](Transfer& t, CURLcode cc) -> Outcome {
-    Outcome o;
-    LlmResponse& r = o.response;
-    r.attempts = attempts[t.index];
-    long code = 0;
-    curl_easy_getinfo(t.easy, CURLINFO_RESPONSE_CODE, &code);
-    if (cc != CURLE_OK) {
-      std::string err = t.errbuf[0] ? t.errbuf : curl_easy_strerror(cc);
-      if (t.too_large) {
-        r.reason = "network";
-        r.detail = fmt::format("answer larger than {} MiB", kMaxBodyBytes >> 20);
-        return o;  // the same prompt would produce the same runaway answer: not retried
-      }
-      if (cc == CURLE_OPERATION_TIMEDOUT) {
-        r.reason = "timeout";
-        r.detail = fmt::format("no complete answer within {} s ({})", opts_.timeout_s, err);
-      } else if (cc == CURLE_COULDNT_CONNECT || cc == CURLE_COULDNT_RESOLVE_HOST || cc == CURLE_COULDNT_RESOLVE_PROXY) {
-        r.reason = "unreachable";
-        r.detail = err;
-      } else {
-        r.reason = "network";
-        r.detail = err;
-      }
-      o.verdict = Verdict::retry;
-      return o;
-    }
-    if (code == 401 || code == 403) {
-      throw Error(redact(fmt::format("the LLM endpoint {} rejected the API key (HTTP {}: {}): check the environment "
-                                     "variable {} (named by --llm-key-env){}",
-                                     endpoint_, code, body_excerpt(t.body), opts_.key_env,
-                                     key.empty() ? ", which is not set, so no key was sent" : ""),
-                         key));
-    }
-    if (code == 429 || code >= 500) {
-      r.reason = fmt::format("http_{}", code);
-      r.detail = redact(body_excerpt(t.body), key);
-      o.verdict = Verdict::retry;
-      o.retry_after_s = t.retry_after_s;
-      return o;
-    }
-    if (code < 200 || code >= 300) {
-      r.reason = fmt::format("http_{}", code);
-      r.detail = redact(body_excerpt(t.body), key);
-      return o;
-    }
-    parse_answer(t.body, r);
-    return o;
   };
 
   auto backoff = [&](int attempt) {
@@ -410,7 +438,7 @@ std::vector<LlmResponse> LlmClient::complete(const std::vector<LlmRequest>& requ
       std::unique_ptr<Transfer> t = multi.take(msg->easy_handle);
       if (!t) continue;
       const std::size_t i = t->index;
-      Outcome o = classify(*t, cc);
+      Outcome o = classify(*t, cc, attempts[i], opts_, endpoint_, key);
       if (o.verdict == Verdict::retry && attempts[i] <= opts_.max_retries) {
         double delay = backoff(attempts[i]);
         if (o.retry_after_s) {
@@ -439,18 +467,7 @@ std::vector<LlmResponse> LlmClient::complete(const std::vector<LlmRequest>& requ
     }
 
     if (waiting.empty() && multi.active.empty()) break;
-    // Wait for network activity, or until the next waiting request may start.
-    long wait_ms = 200;
-    if (!waiting.empty() && static_cast<int>(multi.active.size()) < opts_.concurrency) {
-      auto next = std::max(waiting.begin()->first, hold_until);
-      wait_ms = std::clamp<long>(
-          std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now()).count(), 0, 200);
-    }
-    if (multi.active.empty()) {
-      if (wait_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms));
-    } else {
-      curl_multi_poll(multi.handle, nullptr, 0, static_cast<int>(wait_ms), nullptr);
-    }
+    wait_for_activity(multi, waiting, hold_until, opts_.concurrency);
   }
   return results;
 }
