@@ -222,180 +222,197 @@ void WorkerPool::run(const std::vector<nlohmann::json>& requests,
   run_fed([&] { return std::exchange(given, true) ? std::vector<nlohmann::json>{} : requests; }, on_result);
 }
 
-void WorkerPool::run_fed(const std::function<std::vector<nlohmann::json>()>& more,
-                         const std::function<void(WorkerResult&&)>& on_result, bool poll_more) {
-  std::vector<nlohmann::json> requests;
-  std::deque<std::size_t> pending;
-  std::size_t done = 0;
-  bool ask = true;  // at the start, and after each result
-  const std::size_t limit_mb = opts_.memory_limit_mb;
+namespace {
 
-  auto kill_worker = [&](Worker& w, Outcome outcome, std::string reason) {
-    w.killed_by_us = true;
-    w.kill_outcome = outcome;
-    w.kill_reason = std::move(reason);
-    ::kill(-w.pid, SIGKILL);
-  };
+void kill_worker(WorkerPool::Worker& w, Outcome outcome, std::string reason) {
+  w.killed_by_us = true;
+  w.kill_outcome = outcome;
+  w.kill_reason = std::move(reason);
+  ::kill(-w.pid, SIGKILL);
+}
 
-  auto finish_dead = [&](Worker& w) {
-    bool was_busy = w.state == Worker::State::busy;
-    bool was_starting = w.state == Worker::State::starting;
-    reap(w, "closed its protocol pipe");
-    if (was_starting) {
-      ++startup_failures_;
-      spdlog::warn("worker {} failed to start: {}", w.slot, w.kill_reason);
-      OPFORGE_CHECK(startup_failures_ < 3 || !info_.is_null(),
-                    "workers cannot start ({}); the last one wrote:\n{}\nCheck the venv (`make setup`) "
-                    "or OPFORGE_PYTHON",
-                    w.kill_reason, w.err_tail);
-    }
-    if (was_busy) {
-      WorkerResult r;
-      r.index = w.job;
-      r.outcome = w.kill_outcome;
-      r.reason = w.kill_reason;
-      r.log_tail = w.err_tail;
-      r.slot = w.slot;
-      r.seconds = std::chrono::duration<double>(Clock::now() - w.started).count();
-      spdlog::debug("worker {} request {}: {} ({})", w.slot, w.job, outcome_name(r.outcome), r.reason);
-      ++done;
-      ask = true;
-      on_result(std::move(r));
-    }
-  };
+}  // namespace
 
-  auto handle_line = [&](Worker& w, const std::string& line) {
-    nlohmann::json msg;
-    try {
-      msg = nlohmann::json::parse(line);
-    } catch (const std::exception& e) {
-      kill_worker(w, Outcome::worker_crash, fmt::format("protocol error: unparsable reply ({})", e.what()));
-      return;
-    }
-    if (w.state == Worker::State::starting) {
-      if (info_.is_null()) info_ = msg;
-      w.state = Worker::State::idle;
-      spdlog::debug("worker {} ready in {:.1f}s", w.slot,
-                    std::chrono::duration<double>(Clock::now() - w.started).count());
-      return;
-    }
-    if (w.state != Worker::State::busy) return;
-    WorkerResult r;
-    r.index = w.job;
-    r.reply = std::move(msg);
-    r.slot = w.slot;
-    r.seconds = std::chrono::duration<double>(Clock::now() - w.started).count();
-    w.state = Worker::State::idle;
-    w.err_tail.clear();
+struct WorkerPool::Feed {
+  const std::function<void(WorkerResult&&)>& on_result;
+  std::vector<nlohmann::json> requests;  // by index; a sent one is reset to null
+  std::deque<std::size_t> pending;       // indices not yet sent
+  std::size_t done = 0;                  // results handed to on_result
+  bool ask = true;                       // ask `more` again: at the start, and after each result
+
+  void deliver(WorkerResult&& r) {
     ++done;
     ask = true;
     on_result(std::move(r));
-  };
+  }
+};
 
-  auto drain = [&](Worker& w, int& fd, std::string& buf, bool is_err) -> bool {
-    char chunk[65536];
-    ssize_t n = ::read(fd, chunk, sizeof chunk);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) return true;
-    if (n <= 0) return false;  // EOF: the worker is gone (or closed its pipe)
-    buf.append(chunk, static_cast<std::size_t>(n));
-    std::size_t pos;
-    while ((pos = buf.find('\n')) != std::string::npos) {
-      std::string line = buf.substr(0, pos);
-      buf.erase(0, pos + 1);
-      if (is_err) {
-        if (log_) {
-          std::fprintf(log_, "[worker %d pid %d] %s\n", w.slot, w.pid, line.c_str());
-          std::fflush(log_);
-        } else {
-          spdlog::debug("[worker {}] {}", w.slot, line);
-        }
-        w.err_tail += line + "\n";
-        if (w.err_tail.size() > kTailBytes) w.err_tail.erase(0, w.err_tail.size() - kTailBytes);
-      } else {
-        handle_line(w, line);
-      }
-    }
-    return true;
-  };
-
+void WorkerPool::run_fed(const std::function<std::vector<nlohmann::json>()>& more,
+                         const std::function<void(WorkerResult&&)>& on_result, bool poll_more) {
+  Feed f{on_result, {}, {}};
   for (;;) {
-    if (pending.empty() && (ask || poll_more)) {
-      ask = false;
+    if (f.pending.empty() && (f.ask || poll_more)) {
+      f.ask = false;
       for (auto& req : more()) {
-        pending.push_back(requests.size());
-        requests.push_back(std::move(req));
+        f.pending.push_back(f.requests.size());
+        f.requests.push_back(std::move(req));
       }
     }
-    if (done == requests.size()) break;  // nothing in flight, and `more` had nothing
-    // Keep the pool full while there is work, and hand work to idle workers.
-    for (auto& wp : workers_) {
-      Worker& w = *wp;
-      if (w.state == Worker::State::dead && !pending.empty()) spawn(w.slot);
-      if (w.state == Worker::State::idle && !pending.empty()) {
-        std::size_t i = pending.front();
-        pending.pop_front();
-        const auto& req = requests[i];
-        double timeout = req.contains("timeout_s") ? req["timeout_s"].get<double>() : opts_.timeout_s;
-        w.job = i;
-        w.job_timeout = timeout;
-        w.started = Clock::now();
-        w.deadline = w.started + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout));
-        w.state = Worker::State::busy;
-        w.err_tail.clear();
-        bool sent = write_all(w.in_fd, req.dump() + "\n");
-        requests[i] = nullptr;  // sent: a long-fed run (opforge serve) keeps only its count
-        if (!sent) {
-          kill_worker(w, Outcome::worker_crash, fmt::format("could not send the request: {}", std::strerror(errno)));
-        }
-      }
-    }
+    if (f.done == f.requests.size()) break;  // nothing in flight, and `more` had nothing
+    dispatch(f);
+    poll_io(f);
+    enforce_limits();
+  }
+}
 
-    std::vector<pollfd> fds;
-    std::vector<std::pair<Worker*, bool>> owners;  // (worker, is_err)
-    for (auto& wp : workers_) {
-      if (wp->state == Worker::State::dead) continue;
-      if (wp->out_fd >= 0) {
-        fds.push_back({wp->out_fd, POLLIN, 0});
-        owners.push_back({wp.get(), false});
-      }
-      if (wp->err_fd >= 0) {
-        fds.push_back({wp->err_fd, POLLIN, 0});
-        owners.push_back({wp.get(), true});
-      }
-    }
-    int rc = ::poll(fds.data(), fds.size(), 100);
-    OPFORGE_CHECK(rc >= 0 || errno == EINTR, "poll on workers failed: {}", std::strerror(errno));
-    for (std::size_t k = 0; k < fds.size(); ++k) {
-      if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      auto [w, is_err] = owners[k];
-      if (w->state == Worker::State::dead) continue;
-      int& fd = is_err ? w->err_fd : w->out_fd;
-      if (fd < 0) continue;
-      if (!drain(*w, fd, is_err ? w->err_buf : w->out_buf, is_err)) {
-        if (is_err) {
-          close_fd(w->err_fd);  // stderr closed; the protocol pipe decides life or death
-        } else {
-          finish_dead(*w);
-        }
-      }
-    }
+// Keeps the pool full while there is work, and hands work to idle workers.
+void WorkerPool::dispatch(Feed& f) {
+  for (auto& wp : workers_) {
+    Worker& w = *wp;
+    if (w.state == Worker::State::dead && !f.pending.empty()) spawn(w.slot);
+    if (w.state != Worker::State::idle || f.pending.empty()) continue;
+    std::size_t i = f.pending.front();
+    f.pending.pop_front();
+    const auto& req = f.requests[i];
+    double timeout = req.contains("timeout_s") ? req["timeout_s"].get<double>() : opts_.timeout_s;
+    w.job = i;
+    w.job_timeout = timeout;
+    w.started = Clock::now();
+    w.deadline = w.started + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout));
+    w.state = Worker::State::busy;
+    w.err_tail.clear();
+    bool sent = write_all(w.in_fd, req.dump() + "\n");
+    f.requests[i] = nullptr;  // sent: a long-fed run (opforge serve) keeps only its count
+    if (!sent) kill_worker(w, Outcome::worker_crash, fmt::format("could not send the request: {}", std::strerror(errno)));
+  }
+}
 
-    // Deadlines and memory.
-    auto now = Clock::now();
-    for (auto& wp : workers_) {
-      Worker& w = *wp;
-      if (w.state == Worker::State::dead || w.killed_by_us) continue;
-      if (now > w.deadline) {
-        if (w.state == Worker::State::busy)
-          kill_worker(w, Outcome::timeout, fmt::format("no answer within {:.0f} s; killed", w.job_timeout));
-        else if (w.state == Worker::State::starting)
-          kill_worker(w, Outcome::timeout, fmt::format("did not start within {:.0f} s", opts_.startup_timeout_s));
-      } else if (limit_mb > 0 && w.state == Worker::State::busy) {
-        std::size_t rss = rss_mib(w.pid);
-        if (rss > limit_mb)
-          kill_worker(w, Outcome::out_of_memory,
-                      fmt::format("resident memory {} MiB exceeded the limit of {} MiB; killed", rss, limit_mb));
-      }
+// Up to 100 ms for the workers' pipes: replies, log lines, and pipes that closed.
+void WorkerPool::poll_io(Feed& f) {
+  std::vector<pollfd> fds;
+  std::vector<std::pair<Worker*, bool>> owners;  // (worker, is_err)
+  for (auto& wp : workers_) {
+    if (wp->state == Worker::State::dead) continue;
+    if (wp->out_fd >= 0) {
+      fds.push_back({wp->out_fd, POLLIN, 0});
+      owners.push_back({wp.get(), false});
+    }
+    if (wp->err_fd >= 0) {
+      fds.push_back({wp->err_fd, POLLIN, 0});
+      owners.push_back({wp.get(), true});
+    }
+  }
+  int rc = ::poll(fds.data(), fds.size(), 100);
+  OPFORGE_CHECK(rc >= 0 || errno == EINTR, "poll on workers failed: {}", std::strerror(errno));
+  for (std::size_t k = 0; k < fds.size(); ++k) {
+    if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+    auto [w, is_err] = owners[k];
+    if (w->state == Worker::State::dead) continue;
+    int& fd = is_err ? w->err_fd : w->out_fd;
+    if (fd < 0) continue;
+    if (drain(*w, fd, is_err ? w->err_buf : w->out_buf, is_err, f)) continue;
+    if (is_err) close_fd(w->err_fd);  // stderr closed; the protocol pipe decides life or death
+    else finish_dead(*w, f);
+  }
+}
+
+// Reads what a pipe has; complete lines go to the log (stderr) or to handle_line (protocol).
+// False at EOF: the worker is gone (or closed that pipe).
+bool WorkerPool::drain(Worker& w, int& fd, std::string& buf, bool is_err, Feed& f) {
+  char chunk[65536];
+  ssize_t n = ::read(fd, chunk, sizeof chunk);
+  if (n < 0 && (errno == EINTR || errno == EAGAIN)) return true;
+  if (n <= 0) return false;
+  buf.append(chunk, static_cast<std::size_t>(n));
+  std::size_t pos;
+  while ((pos = buf.find('\n')) != std::string::npos) {
+    std::string line = buf.substr(0, pos);
+    buf.erase(0, pos + 1);
+    if (!is_err) {
+      handle_line(w, line, f);
+      continue;
+    }
+    if (log_) {
+      std::fprintf(log_, "[worker %d pid %d] %s\n", w.slot, w.pid, line.c_str());
+      std::fflush(log_);
+    } else {
+      spdlog::debug("[worker {}] {}", w.slot, line);
+    }
+    w.err_tail += line + "\n";
+    if (w.err_tail.size() > kTailBytes) w.err_tail.erase(0, w.err_tail.size() - kTailBytes);
+  }
+  return true;
+}
+
+// One protocol line: a starting worker's ready message, or a busy worker's reply.
+void WorkerPool::handle_line(Worker& w, const std::string& line, Feed& f) {
+  nlohmann::json msg;
+  try {
+    msg = nlohmann::json::parse(line);
+  } catch (const std::exception& e) {
+    kill_worker(w, Outcome::worker_crash, fmt::format("protocol error: unparsable reply ({})", e.what()));
+    return;
+  }
+  if (w.state == Worker::State::starting) {
+    if (info_.is_null()) info_ = msg;
+    w.state = Worker::State::idle;
+    spdlog::debug("worker {} ready in {:.1f}s", w.slot, std::chrono::duration<double>(Clock::now() - w.started).count());
+    return;
+  }
+  if (w.state != Worker::State::busy) return;
+  WorkerResult r;
+  r.index = w.job;
+  r.reply = std::move(msg);
+  r.slot = w.slot;
+  r.seconds = std::chrono::duration<double>(Clock::now() - w.started).count();
+  w.state = Worker::State::idle;
+  w.err_tail.clear();
+  f.deliver(std::move(r));
+}
+
+// A worker whose protocol pipe closed: reaped, and its request (if any) answered with why it died.
+void WorkerPool::finish_dead(Worker& w, Feed& f) {
+  bool was_busy = w.state == Worker::State::busy;
+  bool was_starting = w.state == Worker::State::starting;
+  reap(w, "closed its protocol pipe");
+  if (was_starting) {
+    ++startup_failures_;
+    spdlog::warn("worker {} failed to start: {}", w.slot, w.kill_reason);
+    OPFORGE_CHECK(startup_failures_ < 3 || !info_.is_null(),
+                  "workers cannot start ({}); the last one wrote:\n{}\nCheck the venv (`make setup`) "
+                  "or OPFORGE_PYTHON",
+                  w.kill_reason, w.err_tail);
+  }
+  if (!was_busy) return;
+  WorkerResult r;
+  r.index = w.job;
+  r.outcome = w.kill_outcome;
+  r.reason = w.kill_reason;
+  r.log_tail = w.err_tail;
+  r.slot = w.slot;
+  r.seconds = std::chrono::duration<double>(Clock::now() - w.started).count();
+  spdlog::debug("worker {} request {}: {} ({})", w.slot, w.job, outcome_name(r.outcome), r.reason);
+  f.deliver(std::move(r));
+}
+
+// Deadlines (a request's, or a start's) and the memory limit: a worker past one is killed, and
+// its pipe's closing answers its request.
+void WorkerPool::enforce_limits() {
+  const std::size_t limit_mb = opts_.memory_limit_mb;
+  auto now = Clock::now();
+  for (auto& wp : workers_) {
+    Worker& w = *wp;
+    if (w.state == Worker::State::dead || w.killed_by_us) continue;
+    if (now > w.deadline) {
+      if (w.state == Worker::State::busy)
+        kill_worker(w, Outcome::timeout, fmt::format("no answer within {:.0f} s; killed", w.job_timeout));
+      else if (w.state == Worker::State::starting)
+        kill_worker(w, Outcome::timeout, fmt::format("did not start within {:.0f} s", opts_.startup_timeout_s));
+    } else if (limit_mb > 0 && w.state == Worker::State::busy) {
+      std::size_t rss = rss_mib(w.pid);
+      if (rss > limit_mb)
+        kill_worker(w, Outcome::out_of_memory,
+                    fmt::format("resident memory {} MiB exceeded the limit of {} MiB; killed", rss, limit_mb));
     }
   }
 }

@@ -80,8 +80,15 @@ class WorkerPool {
   struct Worker;
 
  private:
+  struct Feed;  // one run_fed's requests, queue and count of results
   void spawn(int slot);
   void reap(Worker& w, const std::string& why_if_alive);
+  void dispatch(Feed& f);
+  void poll_io(Feed& f);
+  bool drain(Worker& w, int& fd, std::string& buf, bool is_err, Feed& f);
+  void handle_line(Worker& w, const std::string& line, Feed& f);
+  void finish_dead(Worker& w, Feed& f);
+  void enforce_limits();
   WorkerPoolOptions opts_;
   std::vector<std::unique_ptr<Worker>> workers_;
   nlohmann::json info_;
