@@ -92,6 +92,9 @@ SETTINGS = {
     "fp32": {"bf16": False, "ckpt": False, "flags": [], "tol": 1e-3},
     "bf16": {"bf16": True, "ckpt": False, "flags": ["--bf16"], "tol": 2e-2},
     "bf16-ckpt": {"bf16": True, "ckpt": True, "flags": ["--bf16", "--grad-checkpoint"], "tol": 2e-2},
+    # The batch as forward/backward passes of one sequence each, gradients added up before AdamW:
+    # what --micro-batch saves in activation memory, and what it costs in step time.
+    "bf16-micro1": {"bf16": True, "ckpt": False, "micro": 1, "flags": ["--bf16"], "tol": 2e-2},
 }
 PROMPT = "def forward(self, x): the kernel writes its output once per element"
 T0 = time.time()
@@ -361,7 +364,7 @@ def opforge_train(a, d, work, logs, name):
     data, out = os.path.join(work, "sft.jsonl"), os.path.join(work, "sft_out")
     shutil.rmtree(out, ignore_errors=True)  # a checkpoint there would be resumed
     cmd = [a.trainer, "train", "sft", "--model", d, "--data", data, "--out", out, "--steps", str(a.steps), "--batch",
-           str(a.batch), "--micro-batch", "0", "--max-len", str(a.seq), "--lr", str(LR), "--weight-decay", str(WD),
+           str(a.batch), "--micro-batch", str(S.get("micro", 0)), "--max-len", str(a.seq), "--lr", str(LR), "--weight-decay", str(WD),
            "--max-grad-norm", str(CLIP), "--save-every", str(a.steps), "--device", a.device] + S["flags"]
     log_file = os.path.join(logs, f"opforge_sft_{name}.log")
     _, wall, peak = run_opforge(cmd, log_file, 600, a.device)
@@ -379,7 +382,8 @@ def opforge_train(a, d, work, logs, name):
            "peak_gib_smi" if a.device == "cuda" else "peak_rss_gib": peak, "flags": S["flags"],
            "precision": precision, "dtype": "float32 weights" + (", bf16 autocast" if S["bf16"] else ""),
            "attention": "at::scaled_dot_product_attention (boolean mask)",
-           "checkpointing": "each decoder layer (reentrant)" if S["ckpt"] else "off"}
+           "checkpointing": "each decoder layer (reentrant)" if S["ckpt"] else "off",
+           "micro_batch": S.get("micro") or "whole batch"}
     for k in mem_keys:
         res["metrics_" + k] = max(r[k] for r in rows if k in r)
     res["peak_gib"] = res.get("metrics_peak_mem_gib")
@@ -434,6 +438,24 @@ def hf_generate(a, d, prompt_ids):
     return res, toks
 
 
+def accumulate(m, ids, attn, labels, micro, autocast):
+    """Forward and backward over micro-batches of `micro` rows, each loss weighted by its share of
+    the batch's loss tokens, so the gradients add up to the whole batch's token-mean loss (what
+    opforge's --micro-batch does). Returns that loss."""
+    total = int((labels[:, 1:] != -100).sum())
+    loss = 0.0
+    for i in range(0, len(ids), micro):
+        lab = labels[i:i + micro]
+        n = int((lab[:, 1:] != -100).sum())
+        if n == 0:
+            continue
+        with autocast():
+            part = m(input_ids=ids[i:i + micro], attention_mask=attn[i:i + micro], labels=lab, use_cache=False).loss
+        (part * (n / total)).backward()
+        loss += part.item() * n / total
+    return loss
+
+
 def hf_train(a, d, rows, name):
     import torch
     from transformers import AutoModelForCausalLM
@@ -464,12 +486,10 @@ def hf_train(a, d, rows, name):
             sync(dev)
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
-            with autocast():
-                loss = m(input_ids=ids, attention_mask=attn, labels=labels, use_cache=False).loss
-            loss.backward()
+            loss = accumulate(m, ids, attn, labels, S.get("micro") or len(ids), autocast)
             torch.nn.utils.clip_grad_norm_(params, CLIP)
             opt.step()
-            losses.append(loss.item())
+            losses.append(loss)
             sync(dev)
             times.append(time.perf_counter() - t0)
     secs = med(times[1:] or times)
@@ -478,6 +498,7 @@ def hf_train(a, d, rows, name):
            "dtype": "float32 weights" + (", torch.autocast bf16" if S["bf16"] else ""),
            "attention": m.config._attn_implementation,
            "checkpointing": "each decoder layer (use_reentrant=True)" if S["ckpt"] else "off",
+           "micro_batch": S.get("micro") or "whole batch",
            "optimizer": "torch.optim.AdamW (default foreach)" if dev == "cuda" else "torch.optim.AdamW",
            "float32_matmul_precision": torch.get_float32_matmul_precision()}
     if dev == "cuda":
@@ -489,7 +510,7 @@ def hf_train(a, d, rows, name):
         res["peak_rss_reset"] = rss_reset  # False: the bench process's peak since its start
     log(f"transformers train {name}: median step {secs:.3f} s (first {times[0]:.3f} s); "
         f"losses {[round(x, 4) for x in losses]}")
-    del m, opt, params, loss
+    del m, opt, params
     gc.collect()
     if dev == "cuda":
         torch.cuda.empty_cache()
@@ -558,6 +579,7 @@ def report(a, R):
                f"step 1 rel. diff {T['first_loss_rel_diff']:.1e} (tol {T['tolerance']:.0e}"
                f"{')' if T['loss_agrees'] else ', EXCEEDED)'}"),
               ("checkpointing", ot["checkpointing"], ht["checkpointing"], ""),
+              ("rows per forward/backward", ot["micro_batch"], ht["micro_batch"], ""),
               (f"sft process s (load, {a.steps} steps, checkpoint)", fmt(ot["process_seconds"], 1), "", "")]
         for n, (what, o, h, r) in enumerate(g):
             lines.append(f"| {'**' + name + '**' if n == 0 else ''} | {what} | {o} | {h} | {r} |")
@@ -565,7 +587,9 @@ def report(a, R):
     lines += ["", "Settings: fp32 = no autocast (transformers at float32 matmul precision "
               f"{first['float32_matmul_precision']}); bf16 = opforge --bf16 (at::autocast), transformers "
               "torch.autocast(bfloat16) around forward + loss; bf16-ckpt = bf16 plus opforge --grad-checkpoint, "
-              "transformers gradient_checkpointing_enable(use_reentrant=True). Both: attention SDPA (opforge "
+              "transformers gradient_checkpointing_enable(use_reentrant=True); bf16-micro1 = bf16 with opforge "
+              "--micro-batch 1, transformers one forward/backward per sequence, each loss weighted by its share "
+              "of the batch's loss tokens, then one AdamW step. Both: attention SDPA (opforge "
               "at::scaled_dot_product_attention with a padding mask, transformers sdpa), use_cache off, "
               f"AdamW (libtorch's; transformers {first['optimizer']}), clip {CLIP}, batch x seq {a.batch} x {a.seq}.",
               "", f"Total {R['total_seconds']:.0f} s."]
