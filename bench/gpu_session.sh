@@ -9,7 +9,8 @@
 #                 (most telling row first, in case the call is cut)
 #     serve       opforge serve judging the eval bench's solutions over HTTP (bench/serve_gpu.py)
 #     trainer     opforge-trainer against transformers on GPU 0 (bench/trainer_gpu.py): generation tokens/s and
-#                 one SFT step's time and peak memory for a random Qwen2.5-0.5B-shaped model (~3 min)
+#                 one SFT step's time and peak memory for a random Qwen2.5-0.5B-shaped model (~3 min);
+#                 TRAINER_ARGS adds bench/trainer_gpu.py options (e.g. --settings bf16,bf16-micro1)
 #     checks      eval + throughput
 #     dedupscale  build-gpu/bench/opforge_bench_dedup 100000 10000 1024 --no-exact: dedup's search at the
 #                 issue's scale on that machine's cores (no GPU used; 87 s on the 2-core CPU machine)
@@ -161,7 +162,7 @@ case $step in
     if [ -x build-gpu/opforge-trainer ]; then
       mkdir -p /tmp/trn/logs  # progress (stderr) shown here and kept beside the processes' logs
       CUDA_VISIBLE_DEVICES=0 timeout "${TRAINER_TIMEOUT:-360}" $P bench/trainer_gpu.py build-gpu/opforge-trainer /tmp/trn \
-        --device cuda --out "$OUT/trainer.json" > "$OUT/trainer.txt" 2> >(tee /tmp/trn/logs/bench.log >&2)
+        --device cuda --out "$OUT/trainer.json" ${TRAINER_ARGS:-} > "$OUT/trainer.txt" 2> >(tee /tmp/trn/logs/bench.log >&2)
       echo "trainer bench rc $?" >> "$OUT/trainer.txt"
       tar czf "$OUT/trainer_logs.tgz" -C /tmp/trn logs 2> /dev/null
     else
