@@ -1,6 +1,7 @@
 // The supervisor against real workers: real CPython, real torch, real crashes.
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <chrono>
 
@@ -84,6 +85,28 @@ TEST(WorkerPool, CrashesHangsAndMemoryHogsAreRecordedAndThePoolGoesOn) {
   }
   // Junk printed on stdout by task code does not reach the protocol.
   EXPECT_EQ(results[5].reply["result"]["outputs"][0]["shape"], json({4, 4}));
+}
+
+// An adversary's endless stderr line (no newline): the pool answers the request, and what it
+// buffers and logs of the line stays bounded.
+TEST(WorkerPool, AnEndlessLogLineIsCutAndDoesNotStallThePool) {
+  auto o = options(1);
+  o.log_file = std::filesystem::temp_directory_path() / ("opforge_endless_line_" + std::to_string(::getpid()) + ".log");
+  std::filesystem::remove(o.log_file);
+  WorkerPool pool(o);
+  json req = {{"op", "probe"},
+              {"timeout_s", 60},
+              {"args",
+               {{"candidates", {test::read_file(test::fixtures() / "worker_pool" / "endless_stderr_line.py")}},
+                {"device", "cpu"}}}};
+  WorkerResult r = pool.call(req);
+  ASSERT_EQ(r.outcome, Outcome::ok) << r.reason;
+  EXPECT_TRUE(r.reply["result"]["ok"].get<bool>()) << r.reply.dump().substr(0, 500);
+  // At least 128 MiB were written; the log keeps the line's first 64 KiB, marked as cut.
+  auto size = std::filesystem::file_size(o.log_file);
+  EXPECT_LT(size, 1u << 20) << "the log kept most of the endless line";
+  EXPECT_NE(test::read_file(o.log_file).find("line cut at 65536 bytes"), std::string::npos);
+  std::filesystem::remove(o.log_file);
 }
 
 TEST(WorkerPool, ABrokenPythonIsAClearErrorNotAHang) {

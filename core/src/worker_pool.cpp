@@ -42,6 +42,7 @@ struct WorkerPool::Worker {
   int in_fd = -1, out_fd = -1, err_fd = -1;
   State state = State::dead;
   std::string out_buf, err_buf, err_tail;
+  bool err_skip = false;  // dropping the rest of a log line cut at kMaxLogLine
   Clock::time_point started, deadline;
   std::size_t job = 0;
   double job_timeout = 0;
@@ -53,6 +54,7 @@ struct WorkerPool::Worker {
 namespace {
 
 constexpr std::size_t kTailBytes = 4000;
+constexpr std::size_t kMaxLogLine = 64 * 1024;
 
 void close_fd(int& fd) {
   if (fd >= 0) ::close(fd);
@@ -323,25 +325,46 @@ bool WorkerPool::drain(Worker& w, int& fd, std::string& buf, bool is_err, Feed& 
   ssize_t n = ::read(fd, chunk, sizeof chunk);
   if (n < 0 && (errno == EINTR || errno == EAGAIN)) return true;
   if (n <= 0) return false;
+  // Only the new bytes are searched for a newline: a worker (or code it runs) writing one endless
+  // line must not make each read scan everything buffered before it.
+  std::size_t pos, from = buf.size();
   buf.append(chunk, static_cast<std::size_t>(n));
-  std::size_t pos;
-  while ((pos = buf.find('\n')) != std::string::npos) {
+  if (is_err && w.err_skip) {  // the rest of a log line already cut: dropped up to its newline
+    if ((pos = buf.find('\n', from)) == std::string::npos) {
+      buf.clear();
+      return true;
+    }
+    buf.erase(0, pos + 1);
+    w.err_skip = false;
+    from = 0;
+  }
+  while ((pos = buf.find('\n', from)) != std::string::npos) {
     std::string line = buf.substr(0, pos);
     buf.erase(0, pos + 1);
-    if (!is_err) {
-      handle_line(w, line, f);
-      continue;
-    }
-    if (log_) {
-      std::fprintf(log_, "[worker %d pid %d] %s\n", w.slot, w.pid, line.c_str());
-      std::fflush(log_);
-    } else {
-      spdlog::debug("[worker {}] {}", w.slot, line);
-    }
-    w.err_tail += line + "\n";
-    if (w.err_tail.size() > kTailBytes) w.err_tail.erase(0, w.err_tail.size() - kTailBytes);
+    from = 0;
+    if (is_err) log_line(w, line);
+    else handle_line(w, line, f);
+  }
+  // A log line is kept to kMaxLogLine bytes, so its buffer cannot grow without bound; protocol
+  // replies may be large and are whole JSON, so they are never cut.
+  if (is_err && buf.size() > kMaxLogLine) {
+    log_line(w, buf.substr(0, kMaxLogLine) + " [... line cut at " + std::to_string(kMaxLogLine) + " bytes]");
+    buf.clear();
+    w.err_skip = true;
   }
   return true;
+}
+
+// One line a worker wrote on stdout or stderr: to the workers' log, and the tail kept for its result.
+void WorkerPool::log_line(Worker& w, const std::string& line) {
+  if (log_) {
+    std::fprintf(log_, "[worker %d pid %d] %s\n", w.slot, w.pid, line.c_str());
+    std::fflush(log_);
+  } else {
+    spdlog::debug("[worker {}] {}", w.slot, line);
+  }
+  w.err_tail += line + "\n";
+  if (w.err_tail.size() > kTailBytes) w.err_tail.erase(0, w.err_tail.size() - kTailBytes);
 }
 
 // One protocol line: a starting worker's ready message, or a busy worker's reply.

@@ -87,6 +87,7 @@ class WorkerPool {
   void poll_io(Feed& f);
   bool drain(Worker& w, int& fd, std::string& buf, bool is_err, Feed& f);
   void handle_line(Worker& w, const std::string& line, Feed& f);
+  void log_line(Worker& w, const std::string& line);
   void finish_dead(Worker& w, Feed& f);
   void enforce_limits();
   WorkerPoolOptions opts_;
