@@ -590,9 +590,13 @@ def run_ppo_seed(run, actor0, train_tasks, test_tasks, seed, share_s):
             run.save()
     for p in ps["eval"]:
         log(f"skip ppo seed {seed} step {p['step']} (chunk and eval): done in an earlier call")
+    every = cfg["eval_every"]
     while not ps["done"]:
         step = ps["trained_to"]
-        if (ps["eval"][-1]["step"] if ps["eval"] else 0) < step:
+        # An eval point: every eval_every steps and the last. A chunk split by chunk_end goes on to
+        # its point first (in this call or the next); the share is checked at points only.
+        at_point = step % every == 0 or step >= cfg["ppo_steps"]
+        if at_point and (ps["eval"][-1]["step"] if ps["eval"] else 0) < step:
             run.may_start(f"eval seed {seed} step {step}", run.est("eval"))
             t = time.time()
             res = run_eval(run, os.path.join(d, "actor"), test_tasks,
@@ -606,18 +610,36 @@ def run_ppo_seed(run, actor0, train_tasks, test_tasks, seed, share_s):
             continue
         if step >= cfg["ppo_steps"]:
             ps["done"] = "all steps"
-        elif ps["chunk_s"] and run.clock.spent() + ps["chunk_s"] > ps["deadline_s"]:
+        elif at_point and ps["chunk_s"] and run.clock.spent() + ps["chunk_s"] > ps["deadline_s"]:
             ps["done"] = f"time share spent at step {step}"
         if ps["done"]:
             log(f"ppo seed {seed}: {ps['done']}")
             run.save()
             break
-        run_ppo_chunk(run, actor0, train_tasks, d, seed, ps, min(step + cfg["eval_every"], cfg["ppo_steps"]))
+        run_ppo_chunk(run, actor0, train_tasks, d, seed, ps, min((step // every + 1) * every, cfg["ppo_steps"]))
 
 
-def run_ppo_chunk(run, actor0, train_tasks, d, seed, ps, step):
+def chunk_end(run, seed, start, point):
+    """The step this call trains a seed to: its next eval point when that fits before --stop-after-s
+    at the last measured time a PPO step, else as many steps as fit (the rest in the next call);
+    not one: Stop. Before, a seed whose chunk did not fit sat idle to the end of the call while its
+    time share ran, and began the chunk anew in the next (thirty-third session: 2 of 3 seeds for
+    ~185 s of a 480 s call, and they ended at step 8 where the third reached 16)."""
+    per, cap = run.est("ppo_step"), run.args.stop_after_s
+    end, est = point, run.est("ppo_chunk")
+    if per:  # a trainer's own start (CUDA, the model, the judge's first answers) counts as one step more
+        if cap and run.units:
+            fit = int((cap - (time.time() - T0)) // per) - 1
+            end = start + max(1, min(fit, point - start))
+        est = per * (end - start + 1)
+    run.may_start(f"ppo seed {seed} to step {end}", est)
+    return end
+
+
+def run_ppo_chunk(run, actor0, train_tasks, d, seed, ps, point):
     args, cfg = run.args, run.cfg
-    run.may_start(f"ppo seed {seed} to step {step}", run.est("ppo_chunk"))
+    start = ps["trained_to"]
+    step = chunk_end(run, seed, start, point)
     t = time.time()
     sh([OPFORGE, "train", "ppo", "--actor", actor0, "--tasks", train_tasks, "--out", d, "--steps", str(step),
         "--batch", str(cfg["ppo_batch"]), "--rollouts-per-task", str(cfg["rollouts"]), "--max-new-tokens",
@@ -626,9 +648,12 @@ def run_ppo_chunk(run, actor0, train_tasks, d, seed, ps, step):
         "--mini-batch", str(cfg["ppo_mini_batch"]), "--advantage", args.ppo_advantage] + (["--bf16"] if args.bf16 else [])
        + judge_args(run), logfile=d + ".log")
     write_jsonl(os.path.join(d, "rollouts.jsonl"), rollout_rewards(os.path.join(d, "trajectories.jsonl")))
+    secs = time.time() - t
     with run.lock:
-        ps["trained_to"], ps["train_s"] = step, round(time.time() - t, 1)
-        run.finished("ppo_chunk", time.time() - t)
+        # train_s sums a split chunk's pieces: with the eval after them, the chunk's time (chunk_s)
+        ps["trained_to"], ps["train_s"] = step, round((ps.get("train_s") or 0) + secs, 1)
+        run.state.setdefault("estimates", {})["ppo_step"] = round(secs / (step - start), 1)
+        run.finished("ppo_chunk", secs * cfg["eval_every"] / (step - start))
 
 
 def rollout_rewards(path):
@@ -941,7 +966,7 @@ def parse_args():
     # slowest answer (untimed on the H200: 30-44 s a batch, most answers done in the first 10).
     ap.add_argument("--judge-concurrency", type=int, default=128,
                     help="answers a train eval/ppo keeps in flight at the judge (fills serve's batches)")
-    for k in ("hidden", "layers", "vocab", "ppo_steps", "eval_every", "ppo_batch", "rollouts", "sft_chunk",
+    for k in ("hidden", "ffn", "heads", "kv_heads", "layers", "vocab", "ppo_steps", "eval_every", "ppo_batch", "rollouts", "sft_chunk",
               "sft_max_steps", "sft_batch", "ppo_epochs", "ppo_mini_batch"):
         ap.add_argument("--" + k.replace("_", "-"), type=int, help="override the config's " + k)
     return ap.parse_args()
