@@ -856,6 +856,7 @@ def report(res, out):
         train = f"{f(train_mean(seeds, prev, st, 'reward_mean'))}, {f(train_mean(seeds, prev, st, 'mixed_groups'))}"
         lines.append(f"| PPO step {st} | {n} | {f(pm)} ± {f(ps)} | {f(rm)} ± {f(rs)} | {sft.get('tasks')} | {cmp} "
                      f"| {train} |")
+    lines += ["", sft_line(res)]
     table = "\n".join(lines)
     with open(os.path.join(out, "summary.md.tmp"), "w") as fh:
         fh.write(table + "\n")
@@ -865,6 +866,17 @@ def report(res, out):
     except Exception as e:  # the numbers matter more than the picture
         log(f"plot failed: {e}")
     return table
+
+
+def sft_line(res):
+    """Where the SFT start came from: the model's size, and whether SFT ended on the plateau rule
+    (what the learning run's goal asks of it) or on its time share or step cap."""
+    m, sft = res.get("model") or {}, res.get("sft") or {}
+    curve = sft.get("val_curve") or []
+    best = min((c["val_loss"] for c in curve if c.get("val_loss") is not None), default=None)
+    params = f"{m['params'] / 1e6:.2f}M parameters" if m.get("params") else "model not built yet"
+    return (f"SFT: {params}, {sft.get('steps', 0)} steps, best val loss "
+            f"{'—' if best is None else f'{best:.4f}'}, ended: {sft.get('stopped') or 'not yet'}.")
 
 
 def plot(res, out, steps):

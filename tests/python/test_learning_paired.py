@@ -1,7 +1,7 @@
 """The learning run's paired comparison (bench/learning_run.py `paired`): each seed's answers
 against the SFT model's on the same test tasks, with an interval from resampling the tasks; and
 the per-prompt table of a PPO chunk's rollout rewards (`rollout_rewards`) and the summary's PPO means
-(`train_mean`).
+(`train_mean`), and its line on how SFT ended (`sft_line`).
 
 Run from the repo root:  .venv/bin/python3 -m unittest discover -s tests/python
 """
@@ -99,6 +99,16 @@ class TrainMean(unittest.TestCase):
         self.assertAlmostEqual(L.train_mean(seeds, 1, 3, "mixed_groups"), (0.25 + 1.0 + 0.0 + 0.5) / 4)
         self.assertIsNone(L.train_mean(seeds, 3, 4, "mixed_groups"))  # no seed evaluated there
         self.assertIsNone(L.train_mean(seeds, 0, 3, "kl_ref"))  # a metric no step logged
+
+
+class SftLine(unittest.TestCase):
+    def test_the_summary_says_how_sft_ended(self):
+        res = {"model": {"params": 1032576}, "sft": {"steps": 2500, "stopped": "val_loss plateaued (3 chunks without "
+                                                      "a 1% gain)", "val_curve": [{"step": 500, "val_loss": 0.2},
+                                                                                  {"step": 1000, "val_loss": 0.05}]}}
+        self.assertEqual(L.sft_line(res), "SFT: 1.03M parameters, 2500 steps, best val loss 0.0500, ended: val_loss "
+                                          "plateaued (3 chunks without a 1% gain).")
+        self.assertIn("ended: not yet", L.sft_line({"model": {"params": 10}, "sft": {}}))
 
 if __name__ == "__main__":
     unittest.main()
