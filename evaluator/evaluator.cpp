@@ -205,7 +205,7 @@ void Run::build(WorkerPool* shared) {
 // logged: the solution then starts a child of its own, as before.
 void Run::prestart(WorkerPool& pool, int workers) {
   if (device == "cpu") return;
-  PrestartRequest p{device, fs::absolute(out / "logs" / "solutions.log").string(), launch.spec, o.timeout_s, o.policy};
+  PrestartRequest p{device, fs::absolute(out / "logs" / "solutions.log").string(), launch.spec, o.timeout_s, !o.untimed};
   std::vector<json> reqs(static_cast<std::size_t>(workers), request("eval_prestart", p, o.timeout_s));
   pool.run(reqs, [&](WorkerResult&& r) {
     if (r.outcome != Outcome::ok || !r.reply.value("ok", false))

@@ -71,11 +71,11 @@ struct PrestartRequest {
   std::string device, log_path;
   json launch;
   double timeout_s = 600;
-  std::string policy = "strict";  // strict: the spares also start the profiler its checks run under
+  bool timed = true;  // the spares also start the profiler: strict's checks and every timed profile pass run under it
 };
 inline void to_json(json& j, const PrestartRequest& r) {
   j = {{"device", r.device}, {"launch", r.launch}, {"timeout_s", r.timeout_s}, {"log_path", r.log_path},
-       {"policy", r.policy}};
+       {"timed", r.timed}};
 }
 
 inline json request(const char* op, const json& args, double timeout_s) {

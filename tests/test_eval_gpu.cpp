@@ -23,10 +23,13 @@ fs::path gpu_fixtures() { return test::fixtures() / "eval_gpu"; }
 
 bool have_gpu() { return fs::exists("/dev/nvidia0"); }
 
-json run_eval(const fs::path& solutions, const fs::path& out, std::string* err = nullptr) {
-  auto r = test::run_opforge({"eval", "--tasks", (gpu_fixtures() / "tasks").string(), "--solutions",
-                              solutions.string(), "--out", out.string(), "--cache-dir", test::eval_cache_dir().string(),
-                              "--device", "cuda", "--no-plots"});
+json run_eval(const fs::path& solutions, const fs::path& out, std::string* err = nullptr,
+              const std::vector<std::string>& more = {}) {
+  std::vector<std::string> args{"eval", "--tasks", (gpu_fixtures() / "tasks").string(), "--solutions",
+                                solutions.string(), "--out", out.string(), "--cache-dir", test::eval_cache_dir().string(),
+                                "--device", "cuda", "--no-plots"};
+  args.insert(args.end(), more.begin(), more.end());
+  auto r = test::run_opforge(args);
   std::cout << r.out;
   if (err) *err = r.err;
   EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -90,4 +93,25 @@ TEST(EvalGpu, CudaAgentReleasedLayoutIsBuiltAndCorrect) {
   EXPECT_TRUE(r["correct"].get<bool>()) << r.dump(2);
   EXPECT_GE(r["reward"].get<int>(), 1) << r.dump(2);
   EXPECT_EQ(r["flags"], json::array()) << r.dump(2);
+}
+
+TEST(EvalGpu, TimedJudgesWarmTheProfilerInTheirSparesUntimedOnesDoNot) {
+  // A spare of a timed judge pays the profiler's first session before its solution comes (its
+  // profile pass runs under it, strict's checks too); torch-allowed's used to skip it, and each
+  // timed row's profile pass paid 6.1-6.9 s on an H100. An untimed judge profiles nothing.
+  if (!have_gpu()) GTEST_SKIP() << "no NVIDIA GPU";
+  for (bool timed : {true, false}) {
+    test::TempDir dir;
+    std::vector<std::string> more{"--policy", "torch-allowed"};
+    if (!timed) more.push_back("--untimed");
+    std::string err;
+    json rep = run_eval(gpu_fixtures() / "solutions", dir / "out", &err, more);
+    ASSERT_FALSE(rep.is_null()) << err;
+    for (auto& r : rep["results"]) {
+      const json& parts = r["dispatch_parts"];
+      EXPECT_EQ(parts.contains("profiler_warm_s") || parts.contains("profiler_warm_error"), timed) << r.dump(2);
+      if (timed && parts.contains("profiler_warm_s"))
+        EXPECT_LT(r["phase_s"]["profile"].get<double>(), 2.0) << "the profile pass paid the profiler's start: " << r.dump(2);
+    }
+  }
 }

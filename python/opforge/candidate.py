@@ -502,7 +502,7 @@ def op_fetch(st, msg, fds):
 def op_warm(st, msg, fds):
     """The CUDA context, made when the judge says so: a pre-started child waits for the end of
     the current solution's timing, since making a context is GPU work in the middle of it. With
-    "profiler" (a spare of a strict judge) also one profiler session over a trivial op, before
+    "profiler" (a spare of a timed judge) also one profiler session over a trivial op, before
     any solution is in this process: the first session's seconds (Kineto starting up) are then
     not paid inside a solution's first check, and the next sessions start in ~0.01 s."""
     if os.environ.get("OPFORGE_CHILD_DEVICE", "").startswith("cuda") and torch.cuda.is_available():
@@ -581,9 +581,9 @@ def main(fd):
     from opforge import eval_guard, task  # noqa: F401
 
     # No profiler warm-up here: warming it at start made a GPU child's start 10-13 s instead of 4-5 s
-    # (docs/gpu.md, thirteenth session). A strict judge's spares warm it when told (op_warm, once
+    # (docs/gpu.md, thirteenth session). A timed judge's spares warm it when told (op_warm, once
     # the current solution's timing is over); a child started for a solution pays it in its first
-    # strict check, and a torch-allowed solution never, since it runs no profiler.
+    # strict check or its profile pass, and an untimed torch-allowed one never: it runs no profiler.
     # On the GPU the next request follows within microseconds during timing; polling a little
     # before sleeping keeps the wake-up out of the timed calls (bench/crossing.py).
     # A request may say how long to poll for the next one (the judge's timed batches, whose

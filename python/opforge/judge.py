@@ -1082,7 +1082,7 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
             _release()
             if device.startswith("cuda"):
                 top_up_spares(launch, log, timeout_s)
-                _warm_spare(launch, policy)
+                _warm_spare(launch, timed)
             result["phase_s"]["cleanup"] = time.perf_counter() - t_end
     return result
 
@@ -1115,7 +1115,7 @@ def _start(launch, log, timeout_s, device, result):
     return child, t1
 
 
-def eval_prestart(device, launch, timeout_s=600, log_path=None, policy="strict"):
+def eval_prestart(device, launch, timeout_s=600, log_path=None, timed=True):
     """A judge worker's first spares, started before any solution reaches it (on a GPU only, like
     every spare), with their CUDA contexts made: without them the first solution of a run waits
     for a child's whole cold start. Waits until they have imported torch, so that a run's next
@@ -1131,19 +1131,21 @@ def eval_prestart(device, launch, timeout_s=600, log_path=None, policy="strict")
             live.remove(child)
             child.close()
             raise
-    _warm_spare(launch, policy)
+    _warm_spare(launch, timed)
     return {"started": len(live), "cold_start_s": max(c.cold_start_s for c in live)}
 
 
-def _warm_spare(launch, policy):
-    """Once a solution's timing is over, the spares may make their CUDA contexts and, under strict,
-    start the profiler up: a process's first profiler session costs 4-6 s on an H100 and the next
-    0.01 s (bench/profiler_startup.py, docs/gpu.md), and strict's first check runs under it, so a
-    spare that has not paid it makes its solution's checks pay. torch-allowed runs no profiler."""
+def _warm_spare(launch, timed):
+    """Once a solution's timing is over, the spares may make their CUDA contexts and, when the judge
+    times (strict always does), start the profiler up: a process's first profiler session costs 4-6 s
+    on an H100 and the next 0.01 s (bench/profiler_startup.py, docs/gpu.md). Strict's first check
+    runs under it, and a timed solution's profile pass under either policy: a spare that has not paid
+    it makes its solution pay (torch-allowed's timed profile passes took 6.1-6.9 s on an H100, the
+    thirty-third session, against strict's 0.09-0.17 s). Untimed judges run no profiler."""
     for spare in _SPARE.get(_key(launch), []):
         if not spare.posted and spare.proc.poll() is None:
             try:
-                spare.post("warm", "making the CUDA context", profiler=policy == "strict")
+                spare.post("warm", "making the CUDA context", profiler=bool(timed))
             except Verdict:
                 pass  # a broken spare is found and replaced when it is taken
 
