@@ -978,8 +978,8 @@ def parse_args():
     # slowest answer (untimed on the H200: 30-44 s a batch, most answers done in the first 10).
     ap.add_argument("--judge-concurrency", type=int, default=128,
                     help="answers a train eval/ppo keeps in flight at the judge (fills serve's batches)")
-    for k in ("hidden", "ffn", "heads", "kv_heads", "layers", "vocab", "ppo_steps", "eval_every", "ppo_batch", "rollouts", "sft_chunk",
-              "sft_max_steps", "sft_batch", "ppo_epochs", "ppo_mini_batch"):
+    for k in ("hidden", "ffn", "heads", "kv_heads", "layers", "vocab", "ppo_steps", "eval_every", "ppo_batch",
+              "rollouts", "sft_chunk", "sft_max_steps", "sft_batch", "ppo_epochs", "ppo_mini_batch"):
         ap.add_argument("--" + k.replace("_", "-"), type=int, help="override the config's " + k)
     return ap.parse_args()
 
