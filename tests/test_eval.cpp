@@ -186,6 +186,11 @@ TEST(Eval, UntimedJudgesCorrectnessOnlyWithNoTimingAndNoBaselines) {
   }
   fs::copy_file(eval_fixtures() / "hacks" / "cached_when_timed.py", dir / "solutions" / "cached_when_timed.py");
   fs::copy_file(eval_fixtures() / "tasks" / "linear_relu.py", dir / "tasks" / "cached_when_timed.py");
+  // A copy of the solution cut short, as a model's answer at its token limit: load_error, in the
+  // words its child would use (judge.parse_error gives it without starting one).
+  std::string honest = test::read_file(eval_fixtures() / "solutions" / "linear_relu.py");
+  test::write_file(dir / "solutions" / "cut_short.py", honest + "\nclass Broken(\n");
+  fs::copy_file(eval_fixtures() / "tasks" / "linear_relu.py", dir / "tasks" / "cut_short.py");
   auto run = run_eval(dir / "tasks", dir / "solutions", dir / "out",
                       {"--untimed", "--policy", "torch-allowed", "--no-plots"});
   ASSERT_EQ(run.cmd.exit_code, 0) << run.cmd.err;
@@ -200,6 +205,10 @@ TEST(Eval, UntimedJudgesCorrectnessOnlyWithNoTimingAndNoBaselines) {
   EXPECT_EQ(run.by_solution["softmax_sum"]["reward"], -1) << run.by_solution["softmax_sum"].dump(2);
   for (const auto& h : caught) EXPECT_EQ(run.by_solution[h]["reward"], -1) << h << ": " << run.by_solution[h].dump(2);
   EXPECT_LE(run.by_solution["cached_when_timed"]["reward"].get<int>(), 1);
+  json cut = run.by_solution["cut_short"];
+  EXPECT_EQ(cut["reward"], -1) << cut.dump(2);
+  EXPECT_EQ(cut["reason"], "load_error") << cut.dump(2);
+  EXPECT_EQ(cut["detail"].get<std::string>().rfind("cut_short.py line ", 0), 0u) << cut.dump(2);
   EXPECT_EQ(run.report["options"]["untimed"], true);
   EXPECT_EQ(run.report["summary"]["baselines_reused"], 0);
   EXPECT_EQ(run.cmd.err.find("timing eager and torch.compile baselines"), std::string::npos) << run.cmd.err;

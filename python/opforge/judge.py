@@ -401,6 +401,30 @@ def _read_calls(solution_dir, entries, layout, entry):
         return X.static_records(f.read(), solution_dir)
 
 
+def parse_error(path):
+    """The load_error a one-file solution's child would give for source that does not parse, found
+    without starting one (a discovery child is seconds of CPU, and the batch's build waits for it:
+    4.5-12 s in the thirty-third session's learning run, where copy errors are common). The child's
+    own read and message (candidate._exec_module: UTF-8 under LANG=C.UTF-8, "<file> line N: msg"),
+    and ast.parse, the parser stage of its compile. None when the source parses or fails otherwise
+    (not UTF-8, too deep, too big): the child decides those as before."""
+    import ast
+
+    from opforge import static_check as S
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read(S.MAX_SOURCE_CHARS + 1)
+        if len(text) > S.MAX_SOURCE_CHARS:
+            return None
+        ast.parse(text, filename=path)
+    except SyntaxError as e:
+        return f"{os.path.basename(path)} line {e.lineno}: {e.msg}"
+    except Exception:  # noqa: BLE001 - not a parse error: the child's import gives the verdict
+        return None
+    return None
+
+
 def _builds(solution_dir, entries, layout, entry, launch, log, cache_dir, timeout_s):
     """The builds the solution needs: the folder's kernels, and every load/load_inline call its
     Python makes, as a sandboxed import with recording hooks reports them."""
@@ -412,6 +436,10 @@ def _builds(solution_dir, entries, layout, entry, launch, log, cache_dir, timeou
         arts.append(_build(launch, log, "folder_" + spec["digest"][:16], cache_dir, timeout_s,
                            "building the kernels/ folder", entries, folder=".", kind="folder"))
     calls = _read_calls(solution_dir, entries, layout, entry)
+    if calls is None and layout == "file":
+        unparsed = parse_error(os.path.join(solution_dir, entry))
+        if unparsed:
+            raise Verdict("load_error", unparsed)
     if calls is None:
         child = Child(launch, log, timeout_s=timeout_s)
         try:
