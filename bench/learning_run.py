@@ -775,7 +775,8 @@ def results(run):
                     "train_curve": [{"step": x.get("step"), "loss": x.get("loss")} for x in m]},
             "sft_eval": st.get("sft_eval"), "seeds": seeds, "wall_s": round(run.clock.spent(), 1),
             "paired": [p for p in (paired(run.out, seeds, step) for step in
-                                   sorted({p["step"] for s in seeds for p in s["eval"]})) if p]}
+                                   sorted({p["step"] for s in seeds for p in s["eval"]})) if p],
+            "paired_all": paired_all(run.out, seeds)}
 
 
 def write_report(run):
@@ -817,9 +818,22 @@ def paired(out, seeds, step, resamples=2000):
     seed, so the pairing holds), and how many answers turned right (gains) or wrong (losses). The
     tasks are one sample of many, and the seeds' means vary less than a task draw: this interval,
     not the seeds' sd, says whether a rise is more than which tasks were drawn."""
+    points = [(s["seed"], step) for s in seeds if any(p["step"] == step for p in s["eval"])]
+    return compare_to_sft(out, points, step, resamples)
+
+
+def paired_all(out, seeds, resamples=2000):
+    """Every PPO eval point of every seed against the SFT model at once: per task the mean change
+    over the points, then the same task-resampled interval. The goal's "rises over the PPO steps
+    above the SFT start" as one test, chosen before the run it judges (thirty-third session), not
+    the best of the per-step intervals."""
+    return compare_to_sft(out, [(s["seed"], p["step"]) for s in seeds for p in s["eval"]], "all", resamples)
+
+
+def compare_to_sft(out, points, step, resamples):
+    """The evals at (seed, step) `points` against the SFT model's, paired by task (see paired)."""
     sft = eval_rewards(os.path.join(out, "eval_sft.jsonl"))
-    runs = [eval_rewards(os.path.join(out, f"eval_seed{s['seed']}_step{step}.jsonl")) for s in seeds
-            if any(p["step"] == step for p in s["eval"])]
+    runs = [eval_rewards(os.path.join(out, f"eval_seed{seed}_step{st}.jsonl")) for seed, st in points]
     tasks = sorted(t for t, r in sft.items() if r is not None and all(x.get(t) is not None for x in runs))
     if not runs or not tasks:
         return None
@@ -827,7 +841,8 @@ def paired(out, seeds, step, resamples=2000):
     d = [sum(right(x[t]) - right(sft[t]) for x in runs) / len(runs) for t in tasks]
     rng = random.Random(0)  # the same interval from the same rows
     means = sorted(sum(d[rng.randrange(len(d))] for _ in d) / len(d) for _ in range(resamples))
-    return {"step": step, "seeds": len(runs), "tasks": len(tasks), "delta_pass_at_1": sum(d) / len(d),
+    return {"step": step, "seeds": len({seed for seed, _ in points}), "evals": len(runs), "tasks": len(tasks),
+            "delta_pass_at_1": sum(d) / len(d),
             "ci95": [means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]],
             "gains": sum(1 for x in runs for t in tasks if x[t] > 0 >= sft[t]),
             "losses": sum(1 for x in runs for t in tasks if sft[t] > 0 >= x[t])}
@@ -856,7 +871,7 @@ def report(res, out):
         train = f"{f(train_mean(seeds, prev, st, 'reward_mean'))}, {f(train_mean(seeds, prev, st, 'mixed_groups'))}"
         lines.append(f"| PPO step {st} | {n} | {f(pm)} ± {f(ps)} | {f(rm)} ± {f(rs)} | {sft.get('tasks')} | {cmp} "
                      f"| {train} |")
-    lines += ["", sft_line(res)]
+    lines += ["", pooled_line(res.get("paired_all")), "", sft_line(res)]
     table = "\n".join(lines)
     with open(os.path.join(out, "summary.md.tmp"), "w") as fh:
         fh.write(table + "\n")
@@ -866,6 +881,15 @@ def report(res, out):
     except Exception as e:  # the numbers matter more than the picture
         log(f"plot failed: {e}")
     return table
+
+
+def pooled_line(p):
+    """The pooled comparison (paired_all) as a sentence under the table."""
+    if not p:
+        return "All PPO points against SFT: no eval point yet."
+    return (f"All PPO points against SFT ({p['evals']} evals of {p['seeds']} seed(s), {p['tasks']} tasks): pass@1 "
+            f"{p['delta_pass_at_1']:+.3f} (95% interval {p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}), turned right / "
+            f"wrong {p['gains']} / {p['losses']}.")
 
 
 def sft_line(res):

@@ -1,7 +1,8 @@
 """The learning run's paired comparison (bench/learning_run.py `paired`): each seed's answers
 against the SFT model's on the same test tasks, with an interval from resampling the tasks; and
 the per-prompt table of a PPO chunk's rollout rewards (`rollout_rewards`) and the summary's PPO means
-(`train_mean`), and its line on how SFT ended (`sft_line`).
+(`train_mean`), its line on how SFT ended (`sft_line`), and every
+PPO point pooled against SFT (`paired_all`).
 
 Run from the repo root:  .venv/bin/python3 -m unittest discover -s tests/python
 """
@@ -64,6 +65,23 @@ class Paired(unittest.TestCase):
         p = self._run(sft, [{"a": 1.0, "b": None, "c": 1.0}])
         self.assertEqual(p["tasks"], 1)  # only "a" has a verdict on both sides
         self.assertIsNone(L.paired(self.out, [{"seed": 0, "eval": [{"step": 2}]}], 4))
+
+    def test_every_point_of_every_seed_pooled_per_task(self):
+        tasks = [f"t{i}" for i in range(20)]
+        sft = {t: -1.0 for t in tasks}
+        _write(os.path.join(self.out, "eval_sft.jsonl"), sft)
+        # seed 0 right on t0 at step 2 and on t0, t1 at step 4; seed 1 (one point) right on t2
+        evals = {(0, 2): ["t0"], (0, 4): ["t0", "t1"], (1, 2): ["t2"]}
+        for (seed, step), right in evals.items():
+            _write(os.path.join(self.out, f"eval_seed{seed}_step{step}.jsonl"),
+                   dict(sft, **{t: 1.0 for t in right}))
+        seeds = [{"seed": 0, "eval": [{"step": 2}, {"step": 4}]}, {"seed": 1, "eval": [{"step": 2}]}]
+        p = L.paired_all(self.out, seeds)
+        self.assertEqual((p["step"], p["evals"], p["seeds"], p["tasks"]), ("all", 3, 2, 20))
+        self.assertAlmostEqual(p["delta_pass_at_1"], (2 / 3 + 1 / 3 + 1 / 3) / 20)
+        self.assertEqual((p["gains"], p["losses"]), (4, 0))
+        self.assertIn("3 evals of 2 seed(s), 20 tasks", L.pooled_line(p))
+        self.assertIsNone(L.paired_all(self.out, []))
 
 
 class RolloutRewards(unittest.TestCase):
