@@ -626,14 +626,12 @@ def chunk_end(run, seed, start, point):
     time share ran, and began the chunk anew in the next (thirty-third session: 2 of 3 seeds for
     ~185 s of a 480 s call, and they ended at step 8 where the third reached 16)."""
     per, cap = run.est("ppo_step"), run.args.stop_after_s
-    end, est = point, run.est("ppo_chunk")
-    if per:  # a trainer's own start (CUDA, the model, the judge's first answers) counts as one step more
-        if cap and run.units:
-            fit = int((cap - (time.time() - T0)) // per) - 1
-            end = start + max(1, min(fit, point - start))
-        est = per * (end - start + 1)
-    run.may_start(f"ppo seed {seed} to step {end}", est)
-    return end
+    if per and cap and run.units:
+        fit = int((cap - (time.time() - T0)) // per) - 1
+        point = start + max(1, min(fit, point - start))
+    # A trainer's own start (CUDA, the model, the judge's first answers) counts as one step more.
+    run.may_start(f"ppo seed {seed} to step {point}", per * (point - start + 1) if per else None)
+    return point
 
 
 def run_ppo_chunk(run, actor0, train_tasks, d, seed, ps, point):
@@ -652,8 +650,7 @@ def run_ppo_chunk(run, actor0, train_tasks, d, seed, ps, point):
     with run.lock:
         # train_s sums a split chunk's pieces: with the eval after them, the chunk's time (chunk_s)
         ps["trained_to"], ps["train_s"] = step, round((ps.get("train_s") or 0) + secs, 1)
-        run.state.setdefault("estimates", {})["ppo_step"] = round(secs / (step - start), 1)
-        run.finished("ppo_chunk", secs * cfg["eval_every"] / (step - start))
+        run.finished("ppo_step", secs / (step - start))
 
 
 def rollout_rewards(path):

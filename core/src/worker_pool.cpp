@@ -233,6 +233,15 @@ void kill_worker(WorkerPool::Worker& w, Outcome outcome, std::string reason) {
   ::kill(-w.pid, SIGKILL);
 }
 
+// What every answer to a busy worker's request starts from: the request, the slot, its seconds.
+WorkerResult result_of(const WorkerPool::Worker& w) {
+  WorkerResult r;
+  r.index = w.job;
+  r.slot = w.slot;
+  r.seconds = std::chrono::duration<double>(Clock::now() - w.started).count();
+  return r;
+}
+
 }  // namespace
 
 struct WorkerPool::Feed {
@@ -338,13 +347,14 @@ bool WorkerPool::drain(Worker& w, int& fd, std::string& buf, bool is_err, Feed& 
     w.err_skip = false;
     from = 0;
   }
+  std::size_t start = 0;  // the lines are taken off the front once, after the last: not one shift each
   while ((pos = buf.find('\n', from)) != std::string::npos) {
-    std::string line = buf.substr(0, pos);
-    buf.erase(0, pos + 1);
-    from = 0;
+    std::string line = buf.substr(start, pos - start);
+    start = from = pos + 1;
     if (is_err) log_line(w, line);
     else handle_line(w, line, f);
   }
+  buf.erase(0, start);
   // A log line is kept to kMaxLogLine bytes, so its buffer cannot grow without bound; protocol
   // replies may be large and are whole JSON, so they are never cut.
   if (is_err && buf.size() > kMaxLogLine) {
@@ -383,11 +393,8 @@ void WorkerPool::handle_line(Worker& w, const std::string& line, Feed& f) {
     return;
   }
   if (w.state != Worker::State::busy) return;
-  WorkerResult r;
-  r.index = w.job;
+  WorkerResult r = result_of(w);
   r.reply = std::move(msg);
-  r.slot = w.slot;
-  r.seconds = std::chrono::duration<double>(Clock::now() - w.started).count();
   w.state = Worker::State::idle;
   w.err_tail.clear();
   f.deliver(std::move(r));
@@ -407,13 +414,10 @@ void WorkerPool::finish_dead(Worker& w, Feed& f) {
                   w.kill_reason, w.err_tail);
   }
   if (!was_busy) return;
-  WorkerResult r;
-  r.index = w.job;
+  WorkerResult r = result_of(w);
   r.outcome = w.kill_outcome;
   r.reason = w.kill_reason;
   r.log_tail = w.err_tail;
-  r.slot = w.slot;
-  r.seconds = std::chrono::duration<double>(Clock::now() - w.started).count();
   spdlog::debug("worker {} request {}: {} ({})", w.slot, w.job, outcome_name(r.outcome), r.reason);
   f.deliver(std::move(r));
 }

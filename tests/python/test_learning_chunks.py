@@ -34,7 +34,7 @@ class ChunkEnd(unittest.TestCase):
         """The call has run elapsed_s; the last PPO piece took per_step_s a step."""
         L.T0 = time.time() - elapsed_s
         if per_step_s:
-            self.run.state["estimates"] = {"ppo_step": per_step_s, "ppo_chunk": 4 * per_step_s}
+            self.run.state["estimates"] = {"ppo_step": per_step_s}
 
     def test_the_whole_chunk_when_it_fits(self):
         self._at(45, per_step_s=10)  # 55 s left: 4 steps and a trainer's start
