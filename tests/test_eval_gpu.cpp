@@ -114,4 +114,13 @@ TEST(EvalGpu, TimedJudgesWarmTheProfilerInTheirSparesUntimedOnesDoNot) {
         EXPECT_LT(r["phase_s"]["profile"].get<double>(), 2.0) << "the profile pass paid the profiler's start: " << r.dump(2);
     }
   }
+  // A solution that reads the warm-up as "timed calls now" and returns its first output from then
+  // on is checked in that same warmed child: -1 under torch-allowed as under strict.
+  test::TempDir dir;
+  json rep = run_eval(gpu_fixtures() / "hacks" / "warm_profiler_cache", dir / "out", nullptr, {"--policy", "torch-allowed"});
+  ASSERT_FALSE(rep.is_null());
+  for (auto& r : rep["results"]) {
+    EXPECT_EQ(r["reward"], -1) << r.dump(2);
+    EXPECT_EQ(r["reason"], "incorrect") << r.dump(2);
+  }
 }
