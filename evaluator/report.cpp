@@ -81,6 +81,15 @@ json bounded_by_baseline(json cand, const json& eager) {
   return cand;
 }
 
+// The judge sets judge_over_kernels (its clock against the profiler's kernel time a call) before
+// the fixed cost is bounded here; the row's ratio is the figure the reward is made from.
+json profile_of(const json& r, std::optional<double> cand) {
+  json prof = r.value("profile", json(nullptr));
+  auto kernel = number(prof, "kernel_ms_per_call");
+  if (cand && kernel && *kernel > 0) prof["judge_over_kernels"] = *cand / *kernel;
+  return prof;
+}
+
 }  // namespace
 
 json make_row(const json& r, double margin) {
@@ -123,7 +132,7 @@ json make_row(const json& r, double margin) {
           {"dispatch_s", r.value("dispatch_s", json(nullptr))},
           {"dispatch_parts", r.value("dispatch_parts", json(nullptr))},
           {"phase_s", r.value("phase_s", json(nullptr))},  // checks, timing, profile: where an evaluation's time goes
-          {"profile", r.value("profile", json(nullptr))},
+          {"profile", profile_of(r, cand)},
           {"cold_start_s", r.value("cold_start_s", json(nullptr))},
           // [shared, alone] when a verdict of memory made beside other judges was judged again alone
           {"attempts", r.value("attempts", json(nullptr))},

@@ -86,7 +86,8 @@ TEST(Eval, ACandidatesFixedCostIsBoundedByTheEagerBaselines) {
                {"batch", 20}, {"small_batch", 5}};
   json r = {{"task", "t"}, {"task_id", "i"}, {"solution", "s"}, {"layout", "file"}, {"correct", true},
             {"candidate", cand}, {"eager", {{"median_ms", 0.56}, {"fixed_ms", 0.60}}},
-            {"compile", {{"median_ms", 0.53}, {"fixed_ms", 1.10}}}};
+            {"compile", {{"median_ms", 0.53}, {"fixed_ms", 1.10}}},
+            {"profile", {{"kernel_ms_per_call", 0.50}, {"judge_over_kernels", 1.0}}}};
   auto row = evaluator::make_row(r, 0.05);
   // bound 0.60 + 0.3 = 0.90 (compile's 1.10 is not used): 0.3 ms per batch of 20 given back, 0.015 a call
   EXPECT_NEAR(row["candidate_ms"].get<double>(), 0.515, 1e-9);
@@ -94,6 +95,8 @@ TEST(Eval, ACandidatesFixedCostIsBoundedByTheEagerBaselines) {
   EXPECT_NEAR(row["timing"]["candidate"]["fixed_own_ms"].get<double>(), 1.20, 1e-9);
   EXPECT_NEAR(row["timing"]["candidate"]["min_ms"].get<double>(), 0.495, 1e-9);
   EXPECT_EQ(row["reward"], 2) << "0.56 / 0.515 = 1.087 over eager, 0.53 / 0.515 = 1.029 over compile";
+  EXPECT_NEAR(row["profile"]["judge_over_kernels"].get<double>(), 1.03, 1e-9)
+      << "the judge's ratio was from its figure before the bound; the row's is from the one rewarded";
 
   r["candidate"]["fixed_ms"] = 0.85;  // within the bound: untouched
   EXPECT_NEAR(evaluator::make_row(r, 0.05)["candidate_ms"].get<double>(), 0.50, 1e-12);
@@ -103,6 +106,8 @@ TEST(Eval, ACandidatesFixedCostIsBoundedByTheEagerBaselines) {
   r["candidate"]["small_batch"] = 5;
   r["eager"].erase("fixed_ms");  // a baseline without the figure (none to bound by)
   EXPECT_NEAR(evaluator::make_row(r, 0.05)["candidate_ms"].get<double>(), 0.50, 1e-12);
+  r.erase("profile");  // no profiling pass (CPU, or it failed): no ratio is made up
+  EXPECT_TRUE(evaluator::make_row(r, 0.05)["profile"].is_null());
 }
 
 TEST(Eval, RewardFollowsTheCudaAgentRule) {
