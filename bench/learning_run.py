@@ -842,7 +842,21 @@ def compare_to_sft(out, points, step, resamples):
             "delta_pass_at_1": sum(d) / len(d),
             "ci95": [means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]],
             "gains": sum(1 for x in runs for t in tasks if x[t] > 0 >= sft[t]),
-            "losses": sum(1 for x in runs for t in tasks if sft[t] > 0 >= x[t])}
+            "losses": sum(1 for x in runs for t in tasks if sft[t] > 0 >= x[t]),
+            "by_task": by_task(sft, runs, tasks)}
+
+
+def by_task(sft, runs, tasks):
+    """Where the turns are, per task: of the SFT model's wrong answers, how many were right in every
+    eval, in some, in none; of its right ones, how many went wrong in some. A rise carried by a few
+    tasks right everywhere reads differently from one spread thinly over many (s34: 3 tasks with
+    one call's arguments fixed in all 14 evals)."""
+    n_right = {t: sum(1 for x in runs if x[t] > 0) for t in tasks}
+    wrong = [t for t in tasks if not sft[t] > 0]
+    return {"sft_wrong": len(wrong), "right_in_all": sum(1 for t in wrong if n_right[t] == len(runs)),
+            "right_in_some": sum(1 for t in wrong if 0 < n_right[t] < len(runs)),
+            "right_in_none": sum(1 for t in wrong if n_right[t] == 0),
+            "sft_right_wrong_in_some": sum(1 for t in tasks if sft[t] > 0 and n_right[t] < len(runs))}
 
 
 def report(res, out):
@@ -886,7 +900,15 @@ def pooled_line(p):
         return "All PPO points against SFT: no eval point yet."
     return (f"All PPO points against SFT ({p['evals']} evals of {p['seeds']} seed(s), {p['tasks']} tasks): pass@1 "
             f"{p['delta_pass_at_1']:+.3f} (95% interval {p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}), turned right / "
-            f"wrong {p['gains']} / {p['losses']}.")
+            f"wrong {p['gains']} / {p['losses']}." + turns_sentence(p.get("by_task")))
+
+
+def turns_sentence(b):
+    if not b:
+        return ""
+    return (f" Of the SFT model's {b['sft_wrong']} wrong answers, {b['right_in_all']} were right in every PPO eval, "
+            f"{b['right_in_some']} in some, {b['right_in_none']} in none; {b['sft_right_wrong_in_some']} of its right "
+            f"answers went wrong in some.")
 
 
 def sft_line(res):

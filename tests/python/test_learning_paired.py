@@ -81,7 +81,17 @@ class Paired(unittest.TestCase):
         self.assertAlmostEqual(p["delta_pass_at_1"], (2 / 3 + 1 / 3 + 1 / 3) / 20)
         self.assertEqual((p["gains"], p["losses"]), (4, 0))
         self.assertIn("3 evals of 2 seed(s), 20 tasks", L.pooled_line(p))
+        # t0 right in 2 of 3 evals, t1 and t2 in 1: some; the other 17 in none; SFT had none right
+        self.assertEqual(p["by_task"], {"sft_wrong": 20, "right_in_all": 0, "right_in_some": 3,
+                                        "right_in_none": 17, "sft_right_wrong_in_some": 0})
+        self.assertIn("3 in some, 17 in none", L.pooled_line(p))
         self.assertIsNone(L.paired_all(self.out, []))
+
+    def test_turns_by_task_separate_every_eval_from_some(self):
+        sft = {"a": -1.0, "b": -1.0, "c": 1.0, "d": 1.0}
+        p = self._run(sft, [{"a": 1.0, "b": 1.0, "c": 1.0, "d": -1.0}, {"a": 1.0, "b": -1.0, "c": 1.0, "d": 1.0}])
+        self.assertEqual(p["by_task"], {"sft_wrong": 2, "right_in_all": 1, "right_in_some": 1, "right_in_none": 0,
+                                        "sft_right_wrong_in_some": 1})
 
 
 class RolloutRewards(unittest.TestCase):
