@@ -15,6 +15,8 @@ docs/gpu.md):
 - EfficientNetB2 and UNetSoftmax differ from float64 by 1.3 and 0.13 in float32 with TF32 off:
   no float32 program can be judged against them (the filter's conditioning check).
 """
+import math
+
 import torch
 
 RTOL = 1e-2
@@ -31,13 +33,27 @@ def exact_fp32():
 SCALED_SHARE = 0.01  # at most this share of elements may need the scaled absolute part
 
 
+WIDE_CHUNK = 1 << 24  # elements widened to 64 bits at a time when a norm overflows its own dtype
+
+
 def scale_of(ref):
     """The unit of the absolute tolerance: the mean magnitude of a floating tensor, at least 1
-    (an L1 norm: one reduction, no copy of a GiB output)."""
+    (an L1 norm: one reduction, no copy of a GiB output). A norm that overflows the output's own
+    dtype (float16's 65504 is passed by any large output) is taken again in 64 bits, chunk by
+    chunk; a reference holding inf or NaN has no mean magnitude and gets the plain tolerance:
+    an infinite scale would let every finite element pass (a red-team finding on float16)."""
     if ref.numel() == 0 or not (ref.is_floating_point() or ref.is_complex()):
         return 1.0
     m = torch.linalg.vector_norm(ref, ord=1).item() / ref.numel()
-    return max(1.0, m) if m == m else 1.0
+    if not math.isfinite(m):
+        m = _wide_l1(ref) / ref.numel()
+    return max(1.0, m) if math.isfinite(m) else 1.0
+
+
+def _wide_l1(ref):
+    wide = torch.complex128 if ref.is_complex() else torch.float64
+    flat = ref.reshape(-1)
+    return sum(torch.linalg.vector_norm(c, ord=1, dtype=wide).item() for c in flat.split(WIDE_CHUNK))
 
 
 def tensor_close(out, ref, rtol=RTOL, atol=ATOL):

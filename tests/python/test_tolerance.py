@@ -43,6 +43,29 @@ class AgreementRule(unittest.TestCase):
         self.assertFalse(tol.tensor_close(lazy, ref))
         self.assertTrue(tol.tensor_close(ref.clone(), ref))
 
+    def test_a_float16_output_too_large_to_sum_in_float16_keeps_its_tolerance(self):
+        # 2^20 halves of ~0.25: their L1 norm (~2.6e5) overflows float16 to inf, which made the
+        # absolute tolerance infinite and let 1% of the elements be anything finite.
+        g = torch.Generator().manual_seed(3)
+        ref = (torch.rand(1 << 20, generator=g) * 0.5).half()
+        wrong = ref.clone()
+        wrong[::101] = 1000.0
+        self.assertEqual(torch.linalg.vector_norm(ref, ord=1).item(), float("inf"), "the overflow this guards")
+        self.assertEqual(tol.scale_of(ref), 1.0, "a mean magnitude of 0.25, taken in 64 bits")
+        self.assertFalse(tol.tensor_close(wrong, ref))
+        self.assertTrue(tol.tensor_close(ref.clone(), ref))
+        big = torch.full((1 << 20,), 300.0).half()  # mean magnitude 300: the scale is the output's own
+        self.assertAlmostEqual(tol.scale_of(big), 300.0, places=3)
+
+    def test_a_reference_with_inf_gets_the_plain_tolerance(self):
+        ref = torch.ones(1000)
+        ref[0] = float("inf")
+        self.assertEqual(tol.scale_of(ref), 1.0)
+        wrong = ref.clone()
+        wrong[1:11] = 500.0  # 1% of the elements far off: an infinite scale would have let them pass
+        self.assertFalse(tol.tensor_close(wrong, ref))
+        self.assertTrue(tol.tensor_close(ref.clone(), ref), "inf where the reference has inf agrees")
+
     def test_nan_shape_and_dtype_never_agree(self):
         ref = torch.ones(8)
         self.assertFalse(tol.tensor_close(torch.full((8,), float("nan")), ref))
