@@ -442,6 +442,38 @@ void expect_headers_met(const FixtureRun& fr) {
   }
 }
 
+// An output that is the same on every checked set (here exactly 1: no draw of randn reaches 10)
+// but moves on stressed inputs (x*4+1 reaches 10 now and then): the timed calls draw stressed
+// inputs too, so an answer that is that constant only after its checks is caught by a read-back.
+TEST(Eval, AConstantLookingTaskIsTimedOnStressedInputs) {
+  test::TempDir dir;
+  std::string task =
+      "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+      "    def forward(self, x):\n        return (x.abs() < 10).float().mean(dim=1)\n\n\n"
+      "def get_inputs():\n    return [torch.randn(64, 4096)]\n\n\ndef get_init_inputs():\n    return []\n";
+  // A fresh task code per run: a timed run measures its own baselines.
+  std::string tag = "# " + std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()) + "\n";
+  std::string honest = "import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+                       "    def forward(self, x):\n        return (x.abs() < 10).float().mean(dim=1)\n";
+  // Right while it is checked (5 calls: 4 sets and the stressed one), the constant 1 after.
+  std::string late = "import torch\nimport torch.nn as nn\n\n\nclass ModelNew(nn.Module):\n"
+                     "    calls = 0\n\n    def forward(self, x):\n        ModelNew.calls += 1\n"
+                     "        if ModelNew.calls <= 5:\n            return (x.abs() < 10).float().mean(dim=1)\n"
+                     "        return torch.ones(x.shape[0])\n";
+  for (auto* n : {"honest", "late"}) test::write_file(dir / "tasks" / (std::string(n) + ".py"), task + tag);
+  test::write_file(dir / "solutions" / "honest.py", honest);
+  test::write_file(dir / "solutions" / "late.py", late);
+  auto run = run_eval(dir / "tasks", dir / "solutions", dir / "out",
+                      {"--policy", "torch-allowed", "--no-plots", "--correct-trials", "4"});
+  ASSERT_EQ(run.cmd.exit_code, 0) << run.cmd.err;
+  json h = run.by_solution["honest"];
+  EXPECT_TRUE(h["correct"].get<bool>()) << h.dump(2);
+  EXPECT_NE(h["timing"]["candidate"].value("inputs", "").find("stressed"), std::string::npos) << h.dump(2);
+  json l = run.by_solution["late"];
+  EXPECT_EQ(l["reason"], "incorrect") << l.dump(2);
+  EXPECT_NE(l["detail"].get<std::string>().find("timed call"), std::string::npos) << l.dump(2);
+}
+
 TEST(Eval, EveryPlantedHackGetsRewardMinusOneWithItsReason) {
   test::TempDir dir;
   auto fr = run_fixtures({"hacks"}, dir);
@@ -451,7 +483,9 @@ TEST(Eval, EveryPlantedHackGetsRewardMinusOneWithItsReason) {
   auto detail = [&](const std::string& n) { return by.at("hacks__" + n)["detail"].get<std::string>(); };
   EXPECT_NE(detail("matmul_fallback").find("torch.matmul"), std::string::npos) << detail("matmul_fallback");
   EXPECT_NE(detail("tensor_method_fallback").find("Tensor.mm"), std::string::npos) << detail("tensor_method_fallback");
-  EXPECT_NE(detail("constant_degenerate").find("stressed inputs"), std::string::npos) << detail("constant_degenerate");
+  // Zeros for a mean that is ~0 on the task's inputs: since judge-10 its narrow span is its
+  // tolerance's unit, so a checked set (stressed or not) finds them, not only the stressed one.
+  EXPECT_NE(detail("constant_degenerate").find("max abs error"), std::string::npos) << detail("constant_degenerate");
   EXPECT_NE(detail("cached_when_timed").find("timed call"), std::string::npos) << detail("cached_when_timed");
   EXPECT_NE(detail("compile_error").find("error"), std::string::npos) << "the compiler log tail";
   EXPECT_FALSE(by.at("hacks__compile_error")["compiled"].get<bool>());

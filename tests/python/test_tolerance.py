@@ -66,6 +66,21 @@ class AgreementRule(unittest.TestCase):
         self.assertFalse(tol.tensor_close(wrong, ref))
         self.assertTrue(tol.tensor_close(ref.clone(), ref), "inf where the reference has inf agrees")
 
+    def test_no_constant_passes_for_an_output_narrower_than_atol(self):
+        # A softmax over 16,384 uniform inputs: elements ~6e-5, all within the plain atol of 0.
+        g = torch.Generator().manual_seed(4)
+        x = torch.rand(8, 16384, generator=g)
+        ref = torch.softmax(x, 1)
+        self.assertTrue(torch.allclose(torch.zeros_like(ref), ref, rtol=1e-2, atol=1e-2), "the hole")
+        self.assertFalse(tol.tensor_close(torch.zeros_like(ref), ref))
+        self.assertFalse(tol.tensor_close(torch.full_like(ref, ref.mean().item()), ref))
+        self.assertTrue(tol.tensor_close(torch.softmax(x.double(), 1).float(), ref), "float64's answer still agrees")
+        # An output spanning 4 atol or more keeps the plain rule.
+        wide = torch.linspace(0, 0.05, 1000)
+        self.assertEqual(tol.narrow_atol(wide, 1e-2), 1e-2)
+        self.assertTrue(tol.tensor_close(wide + 0.009, wide))
+        self.assertEqual(tol.narrow_atol(torch.zeros(10), 1e-2), tol.NARROW_FLOOR, "an all-zero output: the floor")
+
     def test_nan_shape_and_dtype_never_agree(self):
         ref = torch.ones(8)
         self.assertFalse(tol.tensor_close(torch.full((8,), float("nan")), ref))
