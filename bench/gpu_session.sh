@@ -330,8 +330,10 @@ print('actor after 2 steps: max |weight change|', max(float((a[k].float() - b[k]
     refs=()
     for l in 1 2 3; do [ -d .kb/KernelBench/level$l ] && refs+=(--reference .kb/KernelBench/level$l); done
     stamp "opforge run --preset ops6k-release --kept ${KEPT:-6000} (decontaminated against ${#refs[@]} KernelBench levels)"
+    # --rejudge-stale: verdicts of an older filter version (the checkpoint's 729 are filter-3's) are
+    # judged again, so the release is one filter's; once they are, nothing is stale and it costs nothing.
     timeout "${RELEASE_TIMEOUT:-480}" $B run --workspace /tmp/rws --preset ops6k-release --kept "${KEPT:-6000}" \
-      --out /tmp/rws/export "${refs[@]}" > /tmp/rws.out 2> >(tee -a /tmp/rws.log > "$OUT/release_run.log")
+      --rejudge-stale --out /tmp/rws/export "${refs[@]}" > /tmp/rws.out 2> >(tee -a /tmp/rws.log > "$OUT/release_run.log")
     echo "run rc $? (124: stopped at RELEASE_TIMEOUT, call again to go on)" | tee "$OUT/release.txt"
     { grep "run:" /tmp/rws.log | tail -20; $B status --workspace /tmp/rws 2>&1 | sed -n '/^filter:/,$p'
       $P bench/filter_report.py /tmp/rws 2>&1; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } >> "$OUT/release.txt"

@@ -281,7 +281,7 @@ void add_run(CLI::App& app, Runner& run) {
     std::vector<std::string> references;
     long count = -1, kept = 0;
     int workers = 0;
-    bool list = false, no_plots = false;
+    bool list = false, no_plots = false, rejudge_stale = false;
   };
   auto o = std::make_shared<Opts>();
   add_workspace_option(*cmd, o->workspace);
@@ -303,6 +303,9 @@ void add_run(CLI::App& app, Runner& run) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}));
   cmd->add_option("-j,--workers", o->workers, "Override the worker count of every stage (filter: in total)");
   cmd->add_flag("--no-plots", o->no_plots, "Skip the PNG plots of the export's stats/");
+  cmd->add_flag("--rejudge-stale", o->rejudge_stale,
+                "Filter again the candidates whose verdicts were made by another filter version or configuration "
+                "(without it they are kept as they are, with a warning)");
   cmd->callback([&run, o] {
     run = [o] {
       if (o->list) {
@@ -315,6 +318,7 @@ void add_run(CLI::App& app, Runner& run) {
       if (o->workers > 0) p.crawl.workers = p.compose.workers = p.filter.workers = p.dedup.workers = o->workers;
       else p.crawl.workers = p.compose.workers = p.dedup.workers = default_workers();
       if (o->no_plots) p.exp.plots = false;
+      p.filter.rejudge_stale = o->rejudge_stale;
       p.dedup.references.insert(p.dedup.references.end(), o->references.begin(), o->references.end());
       p.exp.out = o->out.empty() ? fs::path(o->workspace) / "export" : fs::path(o->out);
       p.crawl.memory_limit_mb = default_memory_limit_mb(p.crawl.workers);

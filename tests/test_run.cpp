@@ -118,6 +118,21 @@ TEST(Run, AKilledRunResumesWithoutRedoingWorkAndEndsInACorpusWhoseOpsMatchItsCod
   EXPECT_EQ(count(ws, "SELECT count(*) FROM tasks"), 6);
   EXPECT_EQ(shard_bytes(), shards);
 
+  // A verdict of another filter version (a bump of filter::kFilterVersion) is kept as it is, with
+  // a warning, unless --rejudge-stale judges it again.
+  Db(ws / "opforge.db").exec("UPDATE filter_results SET config = 'filter-0' WHERE task_id = "
+                             "(SELECT min(task_id) FROM filter_results)");
+  r = test::run_opforge(run_args(ws));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("1 stored verdicts were made under another filter configuration"), std::string::npos) << r.err;
+  EXPECT_EQ(count(ws, "SELECT count(*) FROM filter_results WHERE config = 'filter-0'"), 1);
+  auto stale_args = run_args(ws);
+  stale_args.push_back("--rejudge-stale");
+  r = test::run_opforge(stale_args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(count(ws, "SELECT count(*) FROM filter_results WHERE config = 'filter-0'"), 0) << r.err;
+  EXPECT_EQ(count(ws, "SELECT count(*) FROM filter_results"), 6);
+
   // --kept: rounds until that many tasks are kept after dedup, then the export holds them all.
   auto kept_args = run_args(ws);
   kept_args.insert(kept_args.end(), {"--kept", "8"});
