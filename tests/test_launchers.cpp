@@ -241,23 +241,12 @@ int free_port() {
 // by `ray stop`, which ends every Ray process of the machine by name.
 class LocalRay {
  public:
-  explicit LocalRay(const fs::path& dir) : log_(dir / "ray.log"), port_(free_port()) {
+  // Up to three tries, each on a fresh port: the port free_port saw free can be taken before
+  // Ray's GCS binds it (a test running beside this one binding port 0 got it once in CI, and
+  // the GCS failed with "Failed to start the grpc server").
+  explicit LocalRay(const fs::path& dir) {
     fs::create_directories(dir);
-    Args args = {(test::python_bin().parent_path() / "ray").string(), "start", "--head", "--block", "--num-cpus", "2",
-                 "--port", std::to_string(port_), "--temp-dir", (dir / "t").string(), "--include-dashboard", "false",
-                 "--disable-usage-stats"};
-    try {
-      pid_ = test::spawn_process(args, log_, log_, /*own_group=*/true);
-    } catch (const std::exception&) {
-      pid_ = -1;  // started() is false: the test says so with the log
-    }
-    for (int i = 0; pid_ > 0 && i < 240 && !started(); ++i) {
-      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
-        pid_ = -1;
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    }
+    for (int attempt = 1; attempt <= 3 && !started(); ++attempt) start(dir, attempt);
   }
   ~LocalRay() {
     if (pid_ <= 0) return;
@@ -272,13 +261,42 @@ class LocalRay {
     if (::kill(-pid_, 0) == 0) ::kill(-pid_, SIGKILL);
     if (!reaped) ::waitpid(pid_, nullptr, 0);
   }
-  bool started() const { return test::read_file(log_).find("Ray runtime started") != std::string::npos; }
+  bool started() const {
+    return !log_.empty() && test::read_file(log_).find("Ray runtime started") != std::string::npos;
+  }
   std::string log() const { return test::read_file(log_); }
   std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
 
  private:
+  void start(const fs::path& dir, int attempt) {
+    log_ = dir / ("ray-" + std::to_string(attempt) + ".log");
+    port_ = free_port();
+    Args args = {(test::python_bin().parent_path() / "ray").string(), "start", "--head", "--block", "--num-cpus", "2",
+                 "--port", std::to_string(port_), "--temp-dir", (dir / ("t" + std::to_string(attempt))).string(),
+                 "--include-dashboard", "false", "--disable-usage-stats"};
+    try {
+      pid_ = test::spawn_process(args, log_, log_, /*own_group=*/true);
+    } catch (const std::exception&) {
+      pid_ = -1;  // started() is false: the test says so with the log
+      return;
+    }
+    for (int i = 0; i < 240 && !started(); ++i) {
+      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        if (::kill(-pid_, 0) == 0) ::kill(-pid_, SIGKILL);  // what the failed head left of its group
+        pid_ = -1;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+    if (!started()) {  // still starting after two minutes: not a cluster to build on
+      ::kill(-pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+      pid_ = -1;
+    }
+  }
+
   fs::path log_;
-  int port_;
+  int port_ = 0;
   pid_t pid_ = -1;
 };
 
