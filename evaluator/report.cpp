@@ -81,8 +81,8 @@ json bounded_by_baseline(json cand, const json& eager) {
   return cand;
 }
 
-// The judge sets judge_over_kernels (its clock against the profiler's kernel time a call) before
-// the fixed cost is bounded here; the row's ratio is the figure the reward is made from.
+// judge_over_kernels: the judge's clock against the profiler's kernel time a call, from the figure
+// the reward is made from (after the bound above), so it is made here and not in the judge.
 json profile_of(const json& r, std::optional<double> cand) {
   json prof = r.value("profile", json(nullptr));
   auto kernel = number(prof, "kernel_ms_per_call");
