@@ -483,8 +483,8 @@ TEST(Eval, EveryPlantedHackGetsRewardMinusOneWithItsReason) {
   auto detail = [&](const std::string& n) { return by.at("hacks__" + n)["detail"].get<std::string>(); };
   EXPECT_NE(detail("matmul_fallback").find("torch.matmul"), std::string::npos) << detail("matmul_fallback");
   EXPECT_NE(detail("tensor_method_fallback").find("Tensor.mm"), std::string::npos) << detail("tensor_method_fallback");
-  // Zeros for a mean that is ~0 on the task's inputs: since judge-10 its narrow span is its
-  // tolerance's unit, so a checked set (stressed or not) finds them, not only the stressed one.
+  // Zeros for a mean that is ~0 on the task's inputs: since judge-10 its mean deviation bounds
+  // its atol, so a checked set (stressed or not) finds them, not only the stressed one.
   EXPECT_NE(detail("constant_degenerate").find("max abs error"), std::string::npos) << detail("constant_degenerate");
   EXPECT_NE(detail("cached_when_timed").find("timed call"), std::string::npos) << detail("cached_when_timed");
   EXPECT_NE(detail("compile_error").find("error"), std::string::npos) << "the compiler log tail";

@@ -75,11 +75,24 @@ class AgreementRule(unittest.TestCase):
         self.assertFalse(tol.tensor_close(torch.zeros_like(ref), ref))
         self.assertFalse(tol.tensor_close(torch.full_like(ref, ref.mean().item()), ref))
         self.assertTrue(tol.tensor_close(torch.softmax(x.double(), 1).float(), ref), "float64's answer still agrees")
-        # An output spanning 4 atol or more keeps the plain rule.
+        # An output deviating from its mean by atol or more on average keeps the plain rule.
         wide = torch.linspace(0, 0.05, 1000)
         self.assertEqual(tol.narrow_atol(wide, 1e-2), 1e-2)
         self.assertTrue(tol.tensor_close(wide + 0.009, wide))
         self.assertEqual(tol.narrow_atol(torch.zeros(10), 1e-2), tol.NARROW_FLOOR, "an all-zero output: the floor")
+
+    def test_a_few_large_elements_do_not_excuse_a_small_bulk(self):
+        # One dominant logit a row: its softmax element ~0.9 spans the output past 4 atol, while
+        # the other 16,383 are ~1e-5; keeping only the dominant ones passed on the output's span.
+        g = torch.Generator().manual_seed(5)
+        x = torch.randn(16, 16384, generator=g)
+        x[:, 0] += 10
+        ref = torch.softmax(x, 1)
+        lazy = torch.zeros_like(ref)
+        lazy[:, 0] = ref[:, 0]
+        self.assertGreater((ref.max() - ref.min()).item(), 0.04)
+        self.assertFalse(tol.tensor_close(lazy, ref))
+        self.assertTrue(tol.tensor_close(torch.softmax(x.double(), 1).float(), ref), "float64's answer still agrees")
 
     def test_nan_shape_and_dtype_never_agree(self):
         ref = torch.ones(8)
