@@ -46,7 +46,10 @@ TEST(Env, ExportWritesTheCudaAgentLayoutWithProtectedFilesAndTheSameBytesTwice) 
   EXPECT_TRUE(fs::is_directory(w / "kernels"));
   EXPECT_NE(test::read_file(w / "SKILL.md").find("linear_relu"), std::string::npos);
   EXPECT_NE(test::read_file(w / "SKILL.md").find("more than 5% faster than `torch.compile`"), std::string::npos);
-  EXPECT_EQ(json::parse(test::read_file(w / "utils" / "task.json"))["task_id"], m["tasks"][0]["task_id"]);
+  auto entry = std::find_if(m["tasks"].begin(), m["tasks"].end(),
+                            [](const json& t) { return t["name"] == "linear_relu"; });
+  ASSERT_NE(entry, m["tasks"].end()) << m.dump();
+  EXPECT_EQ(json::parse(test::read_file(w / "utils" / "task.json"))["task_id"], (*entry)["task_id"]);
   auto again = test::run_opforge({"env", "export", "--tasks", tasks.string(), "--out", (d / "b").string()});
   ASSERT_EQ(again.exit_code, 0) << again.err;
   EXPECT_EQ(tree(d / "a"), tree(d / "b"));
