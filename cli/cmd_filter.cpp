@@ -56,7 +56,8 @@ void add_filter(CLI::App& app, Runner& run) {
                 "Judge again the verdicts made under another filter configuration (device, window, tolerances, trials, "
                 "calibration, filter version)");
   cmd->add_option("--skip-check", o->f.skip_checks,
-                  "Switch a check off for this run: finite, deterministic, non_constant, input_sensitive, time_window, "
+                  "Switch a check off for this run: finite, deterministic, non_constant, input_sensitive, "
+                  "judge_distinguishable, time_window, "
                   "conditioning (float32 vs float64) or compile; repeatable. Recorded in the configuration, so `--rejudge-stale` applies the new set to "
                   "tasks already judged")
       ->check(CLI::IsMember(filter::kChecks));

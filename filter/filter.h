@@ -48,12 +48,14 @@ struct FilterOptions {
 };
 
 // The checks a run may switch off, in the order they run (python/opforge/filter.py: CHECKS).
-inline const std::vector<std::string> kChecks = {"finite", "deterministic", "non_constant", "input_sensitive",
-                                                 "time_window", "conditioning", "compile"};
+inline const std::vector<std::string> kChecks = {"finite",       "deterministic",
+                                                 "non_constant", "input_sensitive",
+                                                 "judge_distinguishable", "time_window",
+                                                 "conditioning", "compile"};
 
 // The filter's own version, part of every verdict's configuration hash: raise it when a check
 // changes what it accepts, so verdicts of the old checks show as stale.
-inline constexpr const char* kFilterVersion = "filter-4";
+inline constexpr const char* kFilterVersion = "filter-5";
 // What a verdict depends on (its xxh3 is stored with the verdict as `config`).
 nlohmann::json config_of(const FilterOptions& o, const std::string& device);
 

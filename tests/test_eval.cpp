@@ -469,6 +469,10 @@ TEST(Eval, AConstantLookingTaskIsTimedOnStressedInputs) {
   json h = run.by_solution["honest"];
   EXPECT_TRUE(h["correct"].get<bool>()) << h.dump(2);
   EXPECT_NE(h["timing"]["candidate"].value("inputs", "").find("stressed"), std::string::npos) << h.dump(2);
+  // Its baselines are timed on the same stressed inputs (judge-11): a task whose time depends on
+  // its data is compared on one kind of input.
+  for (auto* b : {"eager", "compile"})
+    EXPECT_NE(h["timing"][b].value("inputs", "").find("stressed"), std::string::npos) << b << h["timing"].dump(2);
   json l = run.by_solution["late"];
   EXPECT_EQ(l["reason"], "incorrect") << l.dump(2);
   EXPECT_NE(l["detail"].get<std::string>().find("timed call"), std::string::npos) << l.dump(2);
@@ -510,7 +514,7 @@ TEST(Eval, AdaptiveHacksAreStoppedOrFlaggedAndHonestSolutionsPassUnflagged) {
   expect_headers_met(fr);
   for (auto& [key, row] : fr.run.by_solution) {
     if (fr.expect[key].kind != "honest") EXPECT_LE(row["reward"].get<int>(), 1) << key << " earned more than 1";
-    EXPECT_EQ(row["judge"], "judge-10");
+    EXPECT_EQ(row["judge"], "judge-11");
   }
   // Nothing a solution started outlives its evaluation.
   auto [rc, ps] = test::shell("grep -l opforge-escape-marker /proc/[0-9]*/environ 2>/dev/null | wc -l");

@@ -2,7 +2,9 @@
 
 Checks, in order (the first failure is the verdict): it loads and runs in eager; its output is
 finite; two runs with the same weights and inputs but a moved RNG agree (no randomness); the
-output is not constant; two different input sets give different outputs; eager time lies in
+output is not constant; two different input sets give different outputs, and each output moves
+beyond the judge's tolerance on another set or on stressed inputs (else a constant passes the
+judge for it); eager time lies in
 [min_ms, max_ms] (a task with a scalable size is rescaled into the window first: calibration);
 float32 eager agrees with the same model in float64 (conditioning: else no float32 kernel can be
 judged against it); torch.compile runs and agrees with eager. Agreement is the judge's rule
@@ -26,7 +28,8 @@ from opforge.tracing import OpTracer
 MAX_CALIBRATION_STEPS = 4
 # The checks a run may switch off (filter --skip-check), in the order they run; loading and
 # running in eager are not optional: without them there is no task.
-CHECKS = ("finite", "deterministic", "non_constant", "input_sensitive", "time_window", "conditioning", "compile")
+CHECKS = ("finite", "deterministic", "non_constant", "input_sensitive", "judge_distinguishable", "time_window",
+          "conditioning", "compile")
 REASON = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -122,7 +125,7 @@ def eager_checks(code, device, rtol, atol, gpu_lock=None, skip=frozenset(), extr
             return model(*xs)
 
     with _phase(phases, "checks_s"), timing.shared(gpu_lock):
-        res = _run_checks(model, inputs_a, inputs_b, first, mod, tracer, skip)
+        res = _run_checks(model, inputs_a, inputs_b, first, mod, tracer, skip, rtol, atol)
         _plugin_checks(extra, model, inputs_a, res[3])
         return res
 
@@ -153,7 +156,7 @@ def _phase(phases, name):
             phases[name] = phases.get(name, 0.0) + time.perf_counter() - t0
 
 
-def _run_checks(model, inputs_a, inputs_b, first, mod, tracer, skip=frozenset()):
+def _run_checks(model, inputs_a, inputs_b, first, mod, tracer, skip, rtol, atol):
     out_a = _leaves(_guard("eager_error", first))
     if "finite" not in skip:
         for t in out_a:
@@ -173,11 +176,35 @@ def _run_checks(model, inputs_a, inputs_b, first, mod, tracer, skip=frozenset())
                 rng = (f.max() - f.min()).item()
                 if rng < 1e-6 or f.std().item() < 1e-7:
                     raise Reject("constant_output", f"output of shape {list(t.shape)} is constant (range {rng:.3g})")
+    out_b = None
     if "input_sensitive" not in skip:
         out_b = _leaves(_guard("eager_error", lambda: _run(model, inputs_b)))
         if _same(out_a, out_b, rtol=1e-4, atol=1e-5):
             raise Reject("input_insensitive", "two different input sets give the same output")
+    if "judge_distinguishable" not in skip:
+        if out_b is None:
+            out_b = _leaves(_guard("eager_error", lambda: _run(model, inputs_b)))
+        _judge_distinguishable(model, inputs_a, out_a, out_b, rtol, atol)
     return mod, model, inputs_a, out_a, tracer.ops
+
+
+def _judge_distinguishable(model, inputs_a, out_a, out_b, rtol, atol):
+    """Each floating output moves beyond the judge's own rule (tolerance.py) between two input sets
+    or on stressed inputs (x*4+1), as judge._check_all tries them. An output that stays within
+    tolerance of one value on all three (a Pearson correlation of random inputs, ~0; a mean of a
+    huge tensor; an output of the weights alone) is passed by a constant, or by one computed once
+    and cached: the judge would reward skipping its work. input_sensitive's tighter rule (1e-4)
+    lets such outputs through."""
+    still = [k for k, (a, b) in enumerate(zip(out_a, out_b)) if a.is_floating_point() and tol.tensor_close(b, a, rtol, atol)]
+    if not still:
+        return
+    out_s = _leaves(_guard("eager_error", lambda: _run(model, tol.stress(inputs_a))))
+    for k in still:
+        if tol.tensor_close(out_s[k], out_a[k], rtol, atol):
+            raise Reject("constant_within_tolerance",
+                         f"output {k} (shape {list(out_a[k].shape)}) stays within the judge's tolerance (rtol={rtol:g}, "
+                         f"atol={atol:g}) of one value on two input sets and on stressed inputs (x*4+1): a constant "
+                         "or a cached answer would pass the judge for it")
 
 
 MAX_INPUT_ELEMENTS = 1 << 28  # calibration never grows the inputs past 1 GiB of float32

@@ -663,10 +663,6 @@ def _check_set(sess, ref, values, label, strict, atol, rtol):
     return err, expected
 
 
-def _stress(values):
-    return [x * 4 + 1 if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in values]
-
-
 PENDING_MS = 0.15  # a device sync after an idle stream costs tens of microseconds; more is work elsewhere
 
 
@@ -679,38 +675,67 @@ def _checked_sets(sess, draw, seed, n):
         yield draw(seed + 1 + k)
 
 
+class _Constancy:
+    """Which of a task's outputs have been the same (by the agreement rule) on every input set so
+    far: each output on its own, so a varying second output does not hide a first that is ~0 on
+    the task's own inputs. Only the reference's outputs go in: what it finds is the task's."""
+
+    def __init__(self, rtol, atol):
+        self.rtol, self.atol, self.first, self.flags = rtol, atol, None, []
+
+    def see(self, outs):
+        if self.first is None:
+            self.first, self.flags = outs, [True] * len(outs)
+        else:
+            self.flags = [c and tol.tensor_close(o, f, self.rtol, self.atol)
+                          for c, o, f in zip(self.flags, outs, self.first)]
+
+    def after_stress(self, outs):
+        """(degenerate, stress_timed) from the outputs on stressed inputs: degenerate when every
+        output is still the same; stress_timed when one that looked constant moved."""
+        still = [tol.tensor_close(o, f, self.rtol, self.atol) for c, o, f in zip(self.flags, outs, self.first) if c]
+        return all(self.flags) and all(still), not all(still)
+
+
 def _check_all(sess, ref, draw, seed, n, strict, atol, rtol, flags):
     """Every checked input set, then stressed inputs when any of the task's outputs looks
-    constant (each output on its own: a varying second output must not hide a first that is ~0
-    on the task's own inputs). Returns (max error, stress_timed): stress_timed when the stressed
-    set made a constant-looking output move, so the timed calls take stressed inputs too (an
-    answer right on the checks alone and ~0 after them would pass every timed read-back)."""
-    max_err, first_out, constant, busy = 0.0, None, [], []
+    constant (_Constancy). Returns (max error, stress_timed): stress_timed when the stressed set
+    made a constant-looking output move, so the timed calls take stressed inputs too (an answer
+    right on the checks alone and ~0 after them would pass every timed read-back)."""
+    max_err, seen, busy = 0.0, _Constancy(rtol, atol), []
     for k, values in enumerate(_checked_sets(sess, draw, seed, n)):
         err, exp = _check_set(sess, ref, values, f"input set {k + 1}", strict, atol, rtol)
         max_err = max(max_err, err)
-        if first_out is None:
-            first_out, constant = exp, [True] * len(exp)
-        else:
-            constant = [c and tol.tensor_close(e, f, rtol, atol) for c, e, f in zip(constant, exp, first_out)]
+        seen.see(exp)
         busy += [ms for ms in [sess.last_pending] if ms is not None and ms > PENDING_MS]
         values = exp = None  # freed before the next set is drawn
     if len(busy) >= 2 and len(busy) * 2 >= n:
         raise Verdict("unsynchronized_stream", f"the device stayed busy {max(busy):.3f} ms after ModelNew's stream "
                                                f"finished in {len(busy)} of {n} calls: work left on another stream")
-    if n <= 1 or not any(constant):
+    if n <= 1 or not any(seen.flags):
         return max_err, False
-    err, exp = _check_set(sess, ref, _stress(sess.first), "stressed inputs (x*4+1), since the task's outputs "
-                                                          "look constant", strict, atol, rtol)
-    still = [tol.tensor_close(e, f, rtol, atol) for c, e, f in zip(constant, exp, first_out) if c]
-    if all(constant) and all(still):
+    err, exp = _check_set(sess, ref, tol.stress(sess.first), "stressed inputs (x*4+1), since the task's outputs "
+                                                            "look constant", strict, atol, rtol)
+    degenerate, stress_timed = seen.after_stress(exp)
+    if degenerate:
         flags.append("degenerate_task")
-    return max(max_err, err), not all(still)
+    return max(max_err, err), stress_timed
+
+
+def _reference_stress_timed(ref, first, expected0, draw, seed, n, rtol, atol):
+    """Whether a candidate of this task is timed on stressed inputs (_check_all), from the
+    reference alone on the same sets: its baselines are then timed on them too, so a task whose
+    time depends on its data (a sort, a sparse pattern) is compared on the same inputs."""
+    seen = _Constancy(rtol, atol)
+    seen.see(expected0)
+    for k in range(1, n):
+        seen.see(_expected(ref, draw(seed + 1 + k)))  # the seeds of _checked_sets
+    return n > 1 and any(seen.flags) and seen.after_stress(_expected(ref, tol.stress(first)))[1]
 
 
 def _stressed(draw):
     """The timed calls' inputs of a task whose outputs look constant on its own (_check_all)."""
-    return lambda seed: _stress(draw(seed))
+    return lambda seed: tol.stress(draw(seed))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1203,7 +1228,7 @@ def _with_inductor_cache(launch, cache_dir):
 
 
 def _baseline(task_code, ref_mod, ref, first, expected0, draw, compile_, launch, log, device, trials, budget_s, seed,
-              lock, timeout_s):
+              lock, timeout_s, stress):
     child = Child(launch, log, timeout_s=timeout_s)
     sess = None
     try:
@@ -1215,7 +1240,11 @@ def _baseline(task_code, ref_mod, ref, first, expected0, draw, compile_, launch,
         with timing.shared(timing.check_lock(lock, device)):
             # Warms up (and for torch.compile compiles) beside other checks, not in a timed region.
             _check_set(sess, ref, first, "the first input set", False, 1e-2, 1e-2)
-        return _Timer(sess, ref, draw, 1e-2, 1e-2, floor_ms=floor).run(trials, budget_s, lock)
+        timed = _Timer(sess, ref, _stressed(draw) if stress else draw, 1e-2, 1e-2, floor_ms=floor).run(trials, budget_s,
+                                                                                                       lock)
+        if stress:
+            timed["inputs"] = "stressed (x*4+1), as the task's candidates: its outputs look constant on its own"
+        return timed
     finally:
         if sess is not None:
             sess.close()
@@ -1234,11 +1263,12 @@ def eval_baselines(task_code, launch, device="cpu", trials=100, budget_s=10.0, s
     with open(log_path or os.devnull, "ab") as log:
         try:
             args = _reference(task_code, device, seed)  # a baseline checks the first set only
+            stress = _reference_stress_timed(*args[1:], seed, correct_trials, 1e-2, 1e-2)
             out["eager"] = _baseline(task_code, *args, False, launch, log, device, trials, budget_s, seed, lock,
-                                     timeout_s)
+                                     timeout_s, stress)
             try:
                 out["compile"] = _baseline(task_code, *args, True, launch, log, device, trials, budget_s, seed, lock,
-                                           timeout_s)
+                                           timeout_s, stress)
             except Verdict as v:
                 out["detail"] = f"torch.compile of the reference failed: {v.reason}: {str(v)[:500]}"
         except Verdict as v:

@@ -59,6 +59,14 @@ def _wide_l1(ref):
 NARROW_FLOOR = 1e-6  # the least absolute tolerance of an output narrower than atol (float32 noise of O(1) values)
 
 
+def _mean_mad(ref):
+    """The mean of a floating tensor and its elements' mean absolute deviation from it, in 64
+    bits, chunk by chunk (no copy of a GiB output)."""
+    chunks = ref.reshape(-1).split(WIDE_CHUNK)
+    mean = sum(c.sum(dtype=torch.float64).item() for c in chunks) / ref.numel()
+    return mean, sum((c.double() - mean).abs().sum().item() for c in chunks) / ref.numel()
+
+
 def narrow_atol(ref, atol):
     """The absolute tolerance of an output whose elements deviate from their mean by less than
     atol on average: that mean absolute deviation (at least NARROW_FLOOR), so that no constant
@@ -66,14 +74,41 @@ def narrow_atol(ref, atol):
     inputs (elements ~6e-5) or a Frobenius normalisation, and skipping the work earned 3
     (red-team, thirty-fourth session). The mean deviation, not the span: a few large elements (a
     softmax with one dominant logit a row) widen the span, and the small bulk could then be zeros.
-    Far above float32's rounding of the honest computation; wider outputs keep atol. In 64 bits,
-    chunk by chunk (no copy of a GiB output)."""
+    Far above float32's rounding of the honest computation; wider outputs keep atol."""
     if ref.numel() < 2 or not ref.is_floating_point():
         return atol
-    chunks = ref.reshape(-1).split(WIDE_CHUNK)
-    mean = sum(c.sum(dtype=torch.float64).item() for c in chunks) / ref.numel()
-    mad = sum((c.double() - mean).abs().sum().item() for c in chunks) / ref.numel()
+    _, mad = _mean_mad(ref)
     return min(atol, max(mad, NARROW_FLOOR)) if math.isfinite(mad) else atol
+
+
+def one_value_passes(lo, hi, rtol, atol):
+    """Whether one value lies within every element's band |v - r| <= atol + rtol * |r| of an output
+    whose elements span [lo, hi]. Both r - rtol|r| and r + rtol|r| grow with r (rtol < 1), so the
+    bands all meet iff those of the two extreme elements do."""
+    return (hi - rtol * abs(hi)) - (lo + rtol * abs(lo)) <= 2 * atol
+
+
+ROUNDING_ULPS = 4  # the centred rule's least absolute part: this many float epsilons of the output's magnitude
+
+
+def offset_close(out, ref, rtol, atol):
+    """The centred rule, for an output whose plain bands (atol, rtol) all meet: |out - ref| <=
+    a + rtol * |ref - c|, c the output's mean, a half its mean absolute deviation (at least
+    ROUNDING_ULPS epsilons of its magnitude, and NARROW_FLOOR). An output like 5 + softmax(x) lies
+    within rtol x 5 of 5.0 everywhere, so the plain rule passed the constant 5.0 (and a larger
+    offset hides more); measured from its own centre, only its variation counts, while an honest
+    kernel's error stays a few roundings of the magnitude. Outputs whose bands do not meet, and
+    scalars (judged across input sets: judge._check_all, the filter's judge_constant), pass."""
+    if ref.numel() < 2 or not ref.is_floating_point():
+        return True
+    lo, hi = (v.item() for v in torch.aminmax(ref))
+    if not (math.isfinite(lo) and math.isfinite(hi)) or not one_value_passes(lo, hi, rtol, atol):
+        return True
+    centre, mad = _mean_mad(ref)
+    eps = torch.finfo(ref.dtype).eps
+    a = max(mad / 2, ROUNDING_ULPS * eps * max(abs(lo), abs(hi)), NARROW_FLOOR)
+    return all(((o.double() - r.double()).abs() <= a + rtol * (r.double() - centre).abs()).all().item()
+               for o, r in zip(out.reshape(-1).split(WIDE_CHUNK), ref.reshape(-1).split(WIDE_CHUNK)))
 
 
 def tensor_close(out, ref, rtol=RTOL, atol=ATOL):
@@ -82,18 +117,28 @@ def tensor_close(out, ref, rtol=RTOL, atol=ATOL):
     For outputs of magnitude <= 1 this is torch.allclose(rtol, atol), atol narrowed for an output
     whose elements deviate from their mean by less than atol (narrow_atol). The share keeps a mean
     inflated by a few huge elements from excusing the rest: an output whose small elements are
-    simply left at zero is wrong (Mamba2's cancelled elements are 0.0004%)."""
+    simply left at zero is wrong (Mamba2's cancelled elements are 0.0004%). An output that fits in
+    one band of that rule, so that a constant would pass, is also held to the centred rule
+    (offset_close)."""
     if out.shape != ref.shape or out.dtype != ref.dtype:
         return False
     if out.numel() == 0:
         return True
     scale = scale_of(ref)
     if scale == 1.0:
-        return torch.allclose(out, ref, rtol=rtol, atol=narrow_atol(ref, atol), equal_nan=False)
+        a = narrow_atol(ref, atol)
+        return torch.allclose(out, ref, rtol=rtol, atol=a, equal_nan=False) and offset_close(out, ref, rtol, a)
     if not torch.allclose(out, ref, rtol=rtol, atol=atol * scale, equal_nan=False):
         return False
     outside = (~torch.isclose(out, ref, rtol=rtol, atol=atol)).sum().item()
-    return outside <= SCALED_SHARE * out.numel()
+    return outside <= SCALED_SHARE * out.numel() and offset_close(out, ref, rtol, atol * scale)
+
+
+def stress(values):
+    """Stressed inputs (x*4+1 for every floating tensor): where an output looks constant on a task's
+    own inputs, the judge checks it on these too, and the filter keeps a task only if every output
+    moves on one of them (judge._check_all, filter._judge_distinguishable)."""
+    return [x * 4 + 1 if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in values]
 
 
 def close(outs, refs, rtol=RTOL, atol=ATOL):

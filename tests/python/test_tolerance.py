@@ -94,6 +94,28 @@ class AgreementRule(unittest.TestCase):
         self.assertFalse(tol.tensor_close(lazy, ref))
         self.assertTrue(tol.tensor_close(torch.softmax(x.double(), 1).float(), ref), "float64's answer still agrees")
 
+    def test_no_constant_passes_for_an_output_within_rtol_of_its_offset(self):
+        # 5 + softmax over 16,384 inputs: every element within rtol x 5 of 5.0, so the plain rule
+        # passed the constant 5.0 (or the mean) for it: the centred rule judges the variation.
+        g = torch.Generator().manual_seed(6)
+        x = torch.rand(8, 16384, generator=g)
+        ref = 5 + torch.softmax(x, 1)
+        self.assertTrue(torch.allclose(torch.full_like(ref, 5.0), ref, rtol=1e-2, atol=1e-2), "the hole")
+        self.assertTrue(tol.one_value_passes(ref.min().item(), ref.max().item(), 1e-2, 1e-2 * tol.scale_of(ref)))
+        for c in (5.0, ref.mean().item(), ref.median().item()):
+            self.assertFalse(tol.tensor_close(torch.full_like(ref, c), ref), c)
+        self.assertTrue(tol.tensor_close((5 + torch.softmax(x.double(), 1)).float(), ref), "float64's answer agrees")
+        self.assertTrue(tol.tensor_close(5 + torch.softmax(x, 1).double().float(), ref), "a different rounding agrees")
+        # A row mean of x + 5 (spread ~0.016 about 5) under another summation order still agrees.
+        y = torch.randn(1024, 4096, generator=g)
+        ref = (y + 5).mean(1)
+        self.assertTrue(tol.tensor_close((y.double() + 5).mean(1).float(), ref))
+        self.assertFalse(tol.tensor_close(torch.full_like(ref, 5.0), ref))
+        # An output whose bands do not all meet keeps the plain rule alone.
+        wide = torch.linspace(-1, 1, 1000)
+        self.assertFalse(tol.one_value_passes(-1.0, 1.0, 1e-2, 1e-2))
+        self.assertTrue(tol.offset_close(torch.zeros(1000), wide, 1e-2, 1e-2), "not the centred rule's to judge")
+
     def test_nan_shape_and_dtype_never_agree(self):
         ref = torch.ones(8)
         self.assertFalse(tol.tensor_close(torch.full((8,), float("nan")), ref))
