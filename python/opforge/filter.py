@@ -195,15 +195,16 @@ def _judge_distinguishable(model, inputs_a, out_a, out_b, rtol, atol):
     huge tensor; an output of the weights alone) is passed by a constant, or by one computed once
     and cached: the judge would reward skipping its work. input_sensitive's tighter rule (1e-4)
     lets such outputs through."""
-    still = [k for k, (a, b) in enumerate(zip(out_a, out_b)) if a.is_floating_point() and tol.tensor_close(b, a, rtol, atol)]
+    still = [k for k, (a, b) in enumerate(zip(out_a, out_b))
+             if a.is_floating_point() and tol.tensor_close(b, a, rtol, atol)]
     if not still:
         return
     out_s = _leaves(_guard("eager_error", lambda: _run(model, tol.stress(inputs_a))))
     for k in still:
         if tol.tensor_close(out_s[k], out_a[k], rtol, atol):
             raise Reject("constant_within_tolerance",
-                         f"output {k} (shape {list(out_a[k].shape)}) stays within the judge's tolerance (rtol={rtol:g}, "
-                         f"atol={atol:g}) of one value on two input sets and on stressed inputs (x*4+1): a constant "
+                         f"output {k} (shape {list(out_a[k].shape)}) stays within the judge's tolerance "
+                         f"(rtol={rtol:g}, atol={atol:g}) of one value on two input sets and on stressed inputs (x*4+1): a constant "
                          "or a cached answer would pass the judge for it")
 
 
