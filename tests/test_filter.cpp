@@ -59,7 +59,7 @@ TEST(Filter, PlantedCandidatesGetExactlyTheirVerdicts) {
       {"returns_parameter", "rejected:input_insensitive"}, {"nan_output", "rejected:non_finite"},
       {"too_fast_fixed", "rejected:too_fast"},       {"too_fast_scales", "accepted:"},
       {"chaotic_map", "rejected:ill_conditioned"},
-      {"noise_correlation", "rejected:constant_within_tolerance"},
+      {"offset_correlation", "rejected:constant_within_tolerance"},
       {"weights_beside_input", "rejected:constant_within_tolerance"},
   };
   EXPECT_EQ(verdicts(ws), expected);

@@ -189,23 +189,27 @@ def _run_checks(model, inputs_a, inputs_b, first, mod, tracer, skip, rtol, atol)
 
 
 def _judge_distinguishable(model, inputs_a, out_a, out_b, rtol, atol):
-    """Each floating output moves beyond the judge's own rule (tolerance.py) between two input sets
-    or on stressed inputs (x*4+1), as judge._check_all tries them. An output that stays within
-    tolerance of one value on all three (a Pearson correlation of random inputs, ~0; a mean of a
-    huge tensor; an output of the weights alone) is passed by a constant, or by one computed once
-    and cached: the judge would reward skipping its work. input_sensitive's tighter rule (1e-4)
-    lets such outputs through."""
+    """Each real output moves beyond the judge's own rule (tolerance.py) between two input sets or
+    on stressed inputs (x*4+1), as judge._check_all tries them. An output that stays within
+    tolerance of one value on all three (a Pearson correlation of random inputs, ~0; an output of
+    the weights alone) is passed by a constant, or by one computed once and cached: the judge would
+    reward skipping its work. input_sensitive's tighter rule (1e-4) lets such outputs through. A
+    looked-constant output that is not finite on the stressed inputs fails every answer there."""
     still = [k for k, (a, b) in enumerate(zip(out_a, out_b))
-             if a.is_floating_point() and tol.tensor_close(b, a, rtol, atol)]
+             if a.dtype != torch.bool and not a.is_complex() and tol.tensor_close(b, a, rtol, atol)]
     if not still:
         return
     out_s = _leaves(_guard("eager_error", lambda: _run(model, tol.stress(inputs_a))))
     for k in still:
+        shape = list(out_a[k].shape)
+        if out_s[k].is_floating_point() and not torch.isfinite(out_s[k]).all():
+            raise Reject("non_finite", f"output {k} (shape {shape}) looks constant, and on the stressed inputs "
+                                       "(x*4+1) the judge then checks it holds NaN or Inf: no answer could pass")
         if tol.tensor_close(out_s[k], out_a[k], rtol, atol):
             raise Reject("constant_within_tolerance",
-                         f"output {k} (shape {list(out_a[k].shape)}) stays within the judge's tolerance "
-                         f"(rtol={rtol:g}, atol={atol:g}) of one value on two input sets and on stressed inputs (x*4+1): a constant "
-                         "or a cached answer would pass the judge for it")
+                         f"output {k} (shape {shape}) stays within the judge's tolerance (rtol={rtol:g}, "
+                         f"atol={atol:g}) of one value on two input sets and on stressed inputs (x*4+1): a "
+                         "constant or a cached answer would pass the judge for it")
 
 
 MAX_INPUT_ELEMENTS = 1 << 28  # calibration never grows the inputs past 1 GiB of float32

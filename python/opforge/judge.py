@@ -628,9 +628,9 @@ def _shape_list(ts):
     return [{"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")} for t in ts]
 
 
-def _check_set(sess, ref, values, label, strict, atol, rtol):
+def _check_set(sess, ref, values, label, strict, atol, rtol, expected=None):
     """One input set through the child, judged here. Returns (max error, expected outputs)."""
-    expected = _expected(ref, values)
+    expected = _expected(ref, values) if expected is None else expected
     sess.write(values)
     sess.poison()
     reply = sess.child.ask("run", f"running ModelNew on {label}", mode="check", fetch=True)
@@ -690,6 +690,14 @@ class _Constancy:
             self.flags = [c and tol.tensor_close(o, f, self.rtol, self.atol)
                           for c, o, f in zip(self.flags, outs, self.first)]
 
+    def stress_usable(self, outs):
+        """Whether the reference's outputs on stressed inputs can judge anything: an output finite
+        on the task's own inputs and NaN or inf on x*4+1 (log1p(-p) of a probability) fails every
+        answer, its own included (red-team, s35). The filter rejects such tasks; a user's task
+        is then checked on its own sets alone."""
+        return all(bool(torch.isfinite(o).all()) or not bool(torch.isfinite(f).all())
+                   for o, f in zip(outs, self.first) if o.is_floating_point() or o.is_complex())
+
     def after_stress(self, outs):
         """(degenerate, stress_timed) from the outputs on stressed inputs: degenerate when every
         output is still the same; stress_timed when one that looked constant moved."""
@@ -714,8 +722,14 @@ def _check_all(sess, ref, draw, seed, n, strict, atol, rtol, flags):
                                                f"finished in {len(busy)} of {n} calls: work left on another stream")
     if n <= 1 or not any(seen.flags):
         return max_err, False
-    err, exp = _check_set(sess, ref, tol.stress(sess.first), "stressed inputs (x*4+1), since the task's outputs "
-                                                            "look constant", strict, atol, rtol)
+    stressed = tol.stress(sess.first)
+    exp = _expected(ref, stressed)
+    if not seen.stress_usable(exp):
+        if all(seen.flags):
+            flags.append("degenerate_task")
+        return max_err, False
+    err, exp = _check_set(sess, ref, stressed, "stressed inputs (x*4+1), since the task's outputs look constant",
+                          strict, atol, rtol, expected=exp)
     degenerate, stress_timed = seen.after_stress(exp)
     if degenerate:
         flags.append("degenerate_task")
@@ -730,7 +744,10 @@ def _reference_stress_timed(ref, first, expected0, draw, seed, n, rtol, atol):
     seen.see(expected0)
     for k in range(1, n):
         seen.see(_expected(ref, draw(seed + 1 + k)))  # the seeds of _checked_sets
-    return n > 1 and any(seen.flags) and seen.after_stress(_expected(ref, tol.stress(first)))[1]
+    if n <= 1 or not any(seen.flags):
+        return False
+    exp = _expected(ref, tol.stress(first))
+    return seen.stress_usable(exp) and seen.after_stress(exp)[1]
 
 
 def _stressed(draw):

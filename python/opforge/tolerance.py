@@ -60,14 +60,14 @@ NARROW_FLOOR = 1e-6  # the least absolute tolerance of an output narrower than a
 
 
 def _mean_mad(ref):
-    """The mean of a floating tensor and its elements' mean absolute deviation from it, in 64
-    bits, chunk by chunk (no copy of a GiB output)."""
+    """The mean of a real tensor and its elements' mean absolute deviation from it, in 64 bits,
+    chunk by chunk (no copy of a GiB output)."""
     chunks = ref.reshape(-1).split(WIDE_CHUNK)
     mean = sum(c.sum(dtype=torch.float64).item() for c in chunks) / ref.numel()
     return mean, sum((c.double() - mean).abs().sum().item() for c in chunks) / ref.numel()
 
 
-def narrow_atol(ref, atol):
+def narrow_atol(ref, atol, mad=None):
     """The absolute tolerance of an output whose elements deviate from their mean by less than
     atol on average: that mean absolute deviation (at least NARROW_FLOOR), so that no constant
     passes for it. With the plain atol, an all-zero answer passed a softmax over 16,384 uniform
@@ -77,7 +77,8 @@ def narrow_atol(ref, atol):
     Far above float32's rounding of the honest computation; wider outputs keep atol."""
     if ref.numel() < 2 or not ref.is_floating_point():
         return atol
-    _, mad = _mean_mad(ref)
+    if mad is None:
+        _, mad = _mean_mad(ref)
     return min(atol, max(mad, NARROW_FLOOR)) if math.isfinite(mad) else atol
 
 
@@ -88,27 +89,41 @@ def one_value_passes(lo, hi, rtol, atol):
     return (hi - rtol * abs(hi)) - (lo + rtol * abs(lo)) <= 2 * atol
 
 
-ROUNDING_ULPS = 4  # the centred rule's least absolute part: this many float epsilons of the output's magnitude
+CENTRED_REL = 1e-4  # the centred rule's least absolute part, relative to the output's largest magnitude
+ROUNDING_ULPS = 4  # ...and at least this many epsilons of it (float16, bfloat16)
 
 
-def offset_close(out, ref, rtol, atol):
-    """The centred rule, for an output whose plain bands (atol, rtol) all meet: |out - ref| <=
-    a + rtol * |ref - c|, c the output's mean, a half its mean absolute deviation (at least
-    ROUNDING_ULPS epsilons of its magnitude, and NARROW_FLOOR). An output like 5 + softmax(x) lies
-    within rtol x 5 of 5.0 everywhere, so the plain rule passed the constant 5.0 (and a larger
-    offset hides more); measured from its own centre, only its variation counts, while an honest
-    kernel's error stays a few roundings of the magnitude. Outputs whose bands do not meet, and
-    scalars (judged across input sets: judge._check_all, the filter's judge_constant), pass."""
-    if ref.numel() < 2 or not ref.is_floating_point():
+def centred_atol(ref, lo, hi, mad):
+    """The absolute part of the centred rule: half the output's mean absolute deviation, at least
+    CENTRED_REL (or ROUNDING_ULPS epsilons) of its largest magnitude and NARROW_FLOOR. The relative
+    floor is an honest kernel's accumulation error: a bias-first float32 dot product of 4,096
+    terms onto 1000 was 5e-3 off, a 2^20-element mean of x + 1000 1e-3 (red-team, s35)."""
+    eps = torch.finfo(ref.dtype).eps if ref.is_floating_point() else 0.0
+    return max(mad / 2, max(CENTRED_REL, ROUNDING_ULPS * eps) * max(abs(lo), abs(hi)), NARROW_FLOOR)
+
+
+def centred_close(out, ref, rtol, stats=None):
+    """The centred rule, held with the plain one: |out - ref| <= a + rtol * |ref - c|, c the
+    output's mean, a = centred_atol. The plain rule's parts grow with the output's offset, not its
+    variation: 5 + softmax(x) lies within rtol x 5 of 5.0 everywhere, so the constant 5.0 passed;
+    torch.rand matmuls (values ~K/4 +- 20) passed a rank-1 outer(A.sum(1), B.sum(0)) / K doing a
+    thousandth of the work; a loss over 1e8 elements (one number, 2% of slack) passed when computed
+    on 0.1% of its rows; an int64 count passed the constant N/2 (red-team, s35). Measured from its
+    own centre, only an output's variation counts. Integer outputs too; bool, complex and outputs
+    holding inf or NaN (the plain rule's) pass. stats: (lo, hi, centre, mad) when already taken."""
+    if ref.numel() == 0 or ref.dtype == torch.bool or ref.is_complex():
         return True
-    lo, hi = (v.item() for v in torch.aminmax(ref))
-    if not (math.isfinite(lo) and math.isfinite(hi)) or not one_value_passes(lo, hi, rtol, atol):
+    lo, hi, centre, mad = stats or _stats(ref)
+    if not all(math.isfinite(v) for v in (lo, hi, centre, mad)):
         return True
-    centre, mad = _mean_mad(ref)
-    eps = torch.finfo(ref.dtype).eps
-    a = max(mad / 2, ROUNDING_ULPS * eps * max(abs(lo), abs(hi)), NARROW_FLOOR)
+    a = centred_atol(ref, lo, hi, mad)
     return all(((o.double() - r.double()).abs() <= a + rtol * (r.double() - centre).abs()).all().item()
                for o, r in zip(out.reshape(-1).split(WIDE_CHUNK), ref.reshape(-1).split(WIDE_CHUNK)))
+
+
+def _stats(ref):
+    lo, hi = (v.item() for v in torch.aminmax(ref))
+    return (float(lo), float(hi), *_mean_mad(ref))
 
 
 def tensor_close(out, ref, rtol=RTOL, atol=ATOL):
@@ -117,21 +132,25 @@ def tensor_close(out, ref, rtol=RTOL, atol=ATOL):
     For outputs of magnitude <= 1 this is torch.allclose(rtol, atol), atol narrowed for an output
     whose elements deviate from their mean by less than atol (narrow_atol). The share keeps a mean
     inflated by a few huge elements from excusing the rest: an output whose small elements are
-    simply left at zero is wrong (Mamba2's cancelled elements are 0.0004%). An output that fits in
-    one band of that rule, so that a constant would pass, is also held to the centred rule
-    (offset_close)."""
+    simply left at zero is wrong (Mamba2's cancelled elements are 0.0004%). Every real output is
+    also held to the centred rule (centred_close), which binds where the output's offset is large
+    against its variation."""
     if out.shape != ref.shape or out.dtype != ref.dtype:
         return False
     if out.numel() == 0:
         return True
+    stats = _stats(ref) if ref.dtype != torch.bool and not ref.is_complex() else None
     scale = scale_of(ref)
     if scale == 1.0:
-        a = narrow_atol(ref, atol)
-        return torch.allclose(out, ref, rtol=rtol, atol=a, equal_nan=False) and offset_close(out, ref, rtol, a)
-    if not torch.allclose(out, ref, rtol=rtol, atol=atol * scale, equal_nan=False):
-        return False
-    outside = (~torch.isclose(out, ref, rtol=rtol, atol=atol)).sum().item()
-    return outside <= SCALED_SHARE * out.numel() and offset_close(out, ref, rtol, atol * scale)
+        a = narrow_atol(ref, atol, stats[3] if stats else None)
+        if not torch.allclose(out, ref, rtol=rtol, atol=a, equal_nan=False):
+            return False
+    else:
+        if not torch.allclose(out, ref, rtol=rtol, atol=atol * scale, equal_nan=False):
+            return False
+        if (~torch.isclose(out, ref, rtol=rtol, atol=atol)).sum().item() > SCALED_SHARE * out.numel():
+            return False
+    return stats is None or centred_close(out, ref, rtol, stats)
 
 
 def stress(values):
