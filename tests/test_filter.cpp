@@ -61,6 +61,7 @@ TEST(Filter, PlantedCandidatesGetExactlyTheirVerdicts) {
       {"chaotic_map", "rejected:ill_conditioned"},
       {"offset_correlation", "rejected:constant_within_tolerance"},
       {"weights_beside_input", "rejected:constant_within_tolerance"},
+      {"small_residual", "rejected:input_within_tolerance"},
   };
   EXPECT_EQ(verdicts(ws), expected);
 

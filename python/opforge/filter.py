@@ -2,9 +2,9 @@
 
 Checks, in order (the first failure is the verdict): it loads and runs in eager; its output is
 finite; two runs with the same weights and inputs but a moved RNG agree (no randomness); the
-output is not constant; two different input sets give different outputs, and each output moves
-beyond the judge's tolerance on another set or on stressed inputs (else a constant passes the
-judge for it); eager time lies in
+output is not constant; two different input sets give different outputs; no output is within
+the judge's tolerance of an input, and each moves beyond it on another set or on stressed inputs
+(else the input, a constant or a cached answer passes the judge for it); eager time lies in
 [min_ms, max_ms] (a task with a scalable size is rescaled into the window first: calibration);
 float32 eager agrees with the same model in float64 (conditioning: else no float32 kernel can be
 judged against it); torch.compile runs and agrees with eager. Agreement is the judge's rule
@@ -195,6 +195,7 @@ def _judge_distinguishable(model, inputs_a, out_a, out_b, rtol, atol):
     the weights alone) is passed by a constant, or by one computed once and cached: the judge would
     reward skipping its work. input_sensitive's tighter rule (1e-4) lets such outputs through. A
     looked-constant output that is not finite on the stressed inputs fails every answer there."""
+    _no_input_passes(inputs_a, out_a, rtol, atol)
     still = [k for k, (a, b) in enumerate(zip(out_a, out_b))
              if a.dtype != torch.bool and not a.is_complex() and tol.tensor_close(b, a, rtol, atol)]
     if not still:
@@ -210,6 +211,20 @@ def _judge_distinguishable(model, inputs_a, out_a, out_b, rtol, atol):
                          f"output {k} (shape {shape}) stays within the judge's tolerance (rtol={rtol:g}, "
                          f"atol={atol:g}) of one value on two input sets and on stressed inputs (x*4+1): a "
                          "constant or a cached answer would pass the judge for it")
+
+
+def _no_input_passes(inputs, outs, rtol, atol):
+    """No output within the judge's rule of one of the task's inputs: x + softmax(linear(x)) over
+    4,096 features moves x by ~2e-4, so returning x passed the judge and skipped the whole linear
+    (red-team, s35). Composed tasks end in residual adds; one whose branch is that small would
+    reward the shortcut."""
+    for k, o in enumerate(outs):
+        for j, x in enumerate(inputs):
+            if (isinstance(x, torch.Tensor) and x.shape == o.shape and x.dtype == o.dtype
+                    and tol.tensor_close(x, o, rtol, atol)):
+                raise Reject("input_within_tolerance",
+                             f"output {k} (shape {list(o.shape)}) is within the judge's tolerance (rtol={rtol:g}, "
+                             f"atol={atol:g}) of input {j}: returning the input would pass the judge")
 
 
 MAX_INPUT_ELEMENTS = 1 << 28  # calibration never grows the inputs past 1 GiB of float32
