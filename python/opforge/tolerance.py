@@ -90,6 +90,7 @@ def one_value_passes(lo, hi, rtol, atol):
 
 
 CENTRED_REL = 1e-4  # the centred rule's least absolute part, relative to the output's largest magnitude
+SCALAR_REL = 1e-3  # ...for a one-number output (a loss over 1e9 elements summed by block atomics)
 ROUNDING_ULPS = 4  # ...and at least this many epsilons of it (float16, bfloat16)
 
 
@@ -97,9 +98,13 @@ def centred_atol(ref, lo, hi, mad):
     """The absolute part of the centred rule: half the output's mean absolute deviation, at least
     CENTRED_REL (or ROUNDING_ULPS epsilons) of its largest magnitude and NARROW_FLOOR. The relative
     floor is an honest kernel's accumulation error: a bias-first float32 dot product of 4,096
-    terms onto 1000 was 5e-3 off, a 2^20-element mean of x + 1000 1e-3 (red-team, s35)."""
+    terms onto 1000 was 5e-3 off, a 2^20-element mean of x + 1000 1e-3 (red-team, s35). A scalar
+    has no deviation, and a float32 loss over 32768^2 elements summed a block at a time into one
+    atomic was 2-4e-4 off (MSE, Huber, KL), so SCALAR_REL: a sample of the terms then passes only
+    if it holds ~1.4M of them (relative error ~1.2 / sqrt(terms used)); at the plain 1e-2, 14k."""
     eps = torch.finfo(ref.dtype).eps if ref.is_floating_point() else 0.0
-    return max(mad / 2, max(CENTRED_REL, ROUNDING_ULPS * eps) * max(abs(lo), abs(hi)), NARROW_FLOOR)
+    rel = SCALAR_REL if ref.numel() == 1 else CENTRED_REL
+    return max(mad / 2, max(rel, ROUNDING_ULPS * eps) * max(abs(lo), abs(hi)), NARROW_FLOOR)
 
 
 def centred_close(out, ref, rtol, stats=None):
@@ -108,7 +113,7 @@ def centred_close(out, ref, rtol, stats=None):
     variation: 5 + softmax(x) lies within rtol x 5 of 5.0 everywhere, so the constant 5.0 passed;
     torch.rand matmuls (values ~K/4 +- 20) passed a rank-1 outer(A.sum(1), B.sum(0)) / K doing a
     thousandth of the work; a loss over 1e8 elements (one number, 2% of slack) passed when computed
-    on 0.1% of its rows; an int64 count passed the constant N/2 (red-team, s35). Measured from its
+    on 0.1% of its rows (now 1e-3 of slack: SCALAR_REL); an int64 count passed the constant N/2 (red-team, s35). Measured from its
     own centre, only an output's variation counts. Integer outputs too; bool, complex and outputs
     holding inf or NaN (the plain rule's) pass. stats: (lo, hi, centre, mad) when already taken."""
     if ref.numel() == 0 or ref.dtype == torch.bool or ref.is_complex():
