@@ -246,8 +246,8 @@ TEST(Filter, EnvironmentFailuresAreJudgedAloneRejudgedVerdictsKeepTheirHistoryAn
 }
 
 // A check switched off for a run is part of its configuration: the constant task passes with
-// non_constant and input_sensitive off, and switching them back on judges that verdict again
-// (--rejudge-stale).
+// non_constant, input_sensitive and judge_distinguishable off, and switching them back on judges
+// that verdict again (--rejudge-stale).
 TEST(Filter, ChecksCanBeSwitchedPerRunAndAppliedAgainToJudgedTasks) {
   test::TempDir dir;
   test::write_file(dir / "in" / "zero.py", kZero);
@@ -260,9 +260,11 @@ TEST(Filter, ChecksCanBeSwitchedPerRunAndAppliedAgainToJudgedTasks) {
     args.insert(args.end(), extra.begin(), extra.end());
     return test::run_opforge(args);
   };
-  auto r = with({"--skip-check", "non_constant", "--skip-check", "input_sensitive"});
+  auto r = with({"--skip-check", "non_constant", "--skip-check", "input_sensitive", "--skip-check",
+                 "judge_distinguishable"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.err.find("\"skip_checks\":[\"compile\",\"input_sensitive\",\"non_constant\"]"), std::string::npos)
+  EXPECT_NE(r.err.find(R"("skip_checks":["compile","input_sensitive","judge_distinguishable","non_constant"])"),
+            std::string::npos)
       << r.err;
   auto got = rows(ws);
   EXPECT_EQ(got["zero"].verdict, "accepted") << got["zero"].reason;
