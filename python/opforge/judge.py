@@ -720,12 +720,10 @@ def _check_all(sess, ref, draw, seed, n, strict, atol, rtol, flags):
     if len(busy) >= 2 and len(busy) * 2 >= n:
         raise Verdict("unsynchronized_stream", f"the device stayed busy {max(busy):.3f} ms after ModelNew's stream "
                                                f"finished in {len(busy)} of {n} calls: work left on another stream")
-    if n <= 1 or not any(seen.flags):
-        return max_err, False
     stressed = tol.stress(sess.first)
-    exp = _expected(ref, stressed)
-    if not seen.stress_usable(exp):
-        if all(seen.flags):
+    exp = _stressed_expected(seen, ref, stressed, n)
+    if exp is None:
+        if n > 1 and all(seen.flags):  # still constant, and x*4+1 cannot judge it
             flags.append("degenerate_task")
         return max_err, False
     err, exp = _check_set(sess, ref, stressed, "stressed inputs (x*4+1), since the task's outputs look constant",
@@ -744,10 +742,18 @@ def _reference_stress_timed(ref, first, expected0, draw, seed, n, rtol, atol):
     seen.see(expected0)
     for k in range(1, n):
         seen.see(_expected(ref, draw(seed + 1 + k)))  # the seeds of _checked_sets
+    exp = _stressed_expected(seen, ref, tol.stress(first), n)
+    return exp is not None and seen.after_stress(exp)[1]
+
+
+def _stressed_expected(seen, ref, stressed, n):
+    """The reference's outputs on the stressed inputs where the checks take them (an output looked
+    constant on every one of n > 1 sets, and x*4+1 leaves it usable), else None: one decision for
+    the candidate's checks (_check_all) and its baselines (_reference_stress_timed)."""
     if n <= 1 or not any(seen.flags):
-        return False
-    exp = _expected(ref, tol.stress(first))
-    return seen.stress_usable(exp) and seen.after_stress(exp)[1]
+        return None
+    exp = _expected(ref, stressed)
+    return exp if seen.stress_usable(exp) else None
 
 
 def _stressed(draw):

@@ -113,9 +113,10 @@ def centred_close(out, ref, rtol, stats=None):
     variation: 5 + softmax(x) lies within rtol x 5 of 5.0 everywhere, so the constant 5.0 passed;
     torch.rand matmuls (values ~K/4 +- 20) passed a rank-1 outer(A.sum(1), B.sum(0)) / K doing a
     thousandth of the work; a loss over 1e8 elements (one number, 2% of slack) passed when computed
-    on 0.1% of its rows (now 1e-3 of slack: SCALAR_REL); an int64 count passed the constant N/2 (red-team, s35). Measured from its
-    own centre, only an output's variation counts. Integer outputs too; bool, complex and outputs
-    holding inf or NaN (the plain rule's) pass. stats: (lo, hi, centre, mad) when already taken."""
+    on 0.1% of its rows (now 1e-3 of slack: SCALAR_REL); an int64 count passed the constant N/2
+    (red-team, s35). Measured from its own centre, only an output's variation counts. Integer
+    outputs too; bool, complex and outputs holding inf or NaN (the plain rule's) pass. stats:
+    (lo, hi, centre, mad) when already taken."""
     if ref.numel() == 0 or ref.dtype == torch.bool or ref.is_complex():
         return True
     lo, hi, centre, mad = stats or _stats(ref)
