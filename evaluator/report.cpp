@@ -116,6 +116,8 @@ json make_row(const json& r, double margin) {
           {"reason", r.value("reason", json(nullptr))},
           {"detail", tail(r.value("detail", std::string()), 4000)},
           {"max_error", r.value("max_error", json(nullptr))},
+          // the answer's distance from float64 in units of float32 eager's (evaluator/README.md)
+          {"precision", r.value("precision", json(nullptr))},
           {"flags", flags},
           {"findings", r.value("findings", json::array())},
           {"candidate_ms", opt(ok ? cand : std::nullopt)},

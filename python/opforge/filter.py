@@ -12,7 +12,6 @@ judged against it); torch.compile runs and agrees with eager. Agreement is the j
 Reasons are a fixed set, documented in docs/reasons.md.
 """
 import contextlib
-import copy
 import math
 import os
 import re
@@ -231,26 +230,36 @@ MAX_INPUT_ELEMENTS = 1 << 28  # calibration never grows the inputs past 1 GiB of
 def _conditioning(model, inputs, out, rtol, atol):
     """Float32 eager against the same weights and inputs in float64, by the judge's rule: a task
     whose float32 answer is itself that far from the true one (chaotic nets, cancellation) cannot
-    judge any float32 kernel. Returns what was found; a model that cannot run in float64 (an op
-    without it, a dtype it forces, memory) is no verdict on the task: "unavailable: ..."."""
+    judge any float32 kernel. Returns (what was found, the float64 outputs or None); a model that
+    cannot run in float64 (an op without it, a dtype it forces, memory) is no verdict on the task:
+    "unavailable: ..."."""
     floats = [k for k, t in enumerate(out) if t.is_floating_point()]
     if not floats:
-        return "no floating output"
+        return "no floating output", None
     try:
-        m64 = copy.deepcopy(model).double()
-        x64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
-        ref = T.flatten_outputs(_run(m64, x64))
-        del m64, x64
+        ref = tol.float64_outputs(model, inputs, T.flatten_outputs)
     except Exception as e:  # noqa: BLE001 - see the docstring
-        return f"unavailable: {type(e).__name__}: {str(e)[:200]}"
+        return f"unavailable: {type(e).__name__}: {str(e)[:200]}", None
     if len(ref) != len(out) or any(ref[k].shape != out[k].shape for k in floats):
-        return "unavailable: the float64 run returns other outputs"
+        return "unavailable: the float64 run returns other outputs", None
     got = [out[k] for k in floats]
     truth = [ref[k].to(out[k].dtype) for k in floats]
     if not tol.close(got, truth, rtol=rtol, atol=atol):
         raise Reject("ill_conditioned", f"float32 eager is up to {tol.max_error(got, truth):.3g} from the same model "
                                         "in float64: no float32 kernel can be judged against it (tolerance.py)")
-    return "float64 agrees"
+    return "float64 agrees", ref
+
+
+def _compile_precise(out_c, out, truth, inputs):
+    """torch.compile's output as near the float64 truth as the judge asks of an answer
+    (tolerance.precision_check): else an answer written like compile's code could not pass."""
+    if truth is None:
+        return None
+    worst, at = tol.precision_check(out_c, out, truth, tol.input_numel(inputs))
+    if worst is not None and worst > tol.PRECISION_RATIO:
+        raise Reject("compile_mismatch", f"compiled output {at} is {worst:.3g} times float32 eager's distance from "
+                                         f"float64 (the judge allows {tol.PRECISION_RATIO}, tolerance.py)")
+    return worst
 
 
 def _scale_code(code, free_sizes, factor, input_numel=0):
@@ -310,9 +319,10 @@ TIMING_RETRIES = 1
 ESTIMATE_TRIALS = 3  # the window decision's quick time (_estimate_ms)
 
 
-def _compile_checks(model, inputs, out, device, rtol, atol, compile_mode, metrics):
-    """torch.compile runs and agrees with eager by the judge's rule. Returns the compiled model;
-    adds its compile wall time to metrics. Untimed: _timed times it beside eager."""
+def _compile_checks(model, inputs, out, device, rtol, atol, compile_mode, metrics, truth=None):
+    """torch.compile runs and agrees with eager by the judge's rule, and is as precise as the judge
+    asks (_compile_precise, given the float64 outputs). Returns the compiled model; adds its compile
+    wall time and precision ratio to metrics. Untimed: _timed times it beside eager."""
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats(device)
     t0 = time.perf_counter()
@@ -323,6 +333,7 @@ def _compile_checks(model, inputs, out, device, rtol, atol, compile_mode, metric
     if not tol.close(out_c, out, rtol=rtol, atol=atol):
         raise Reject("compile_mismatch", f"compiled output differs from eager by up to {tol.max_error(out_c, out):.3g} "
                                          "(the judge's rule, tolerance.py)")
+    metrics["compile_precision"] = _compile_precise(out_c, out, truth, inputs)
     return compiled
 
 
@@ -432,11 +443,7 @@ def _judge_steps(job, metrics):
                 # decides (an estimate mostly reads high, beside neighbours' work, and has 3 trials).
                 if est < min_ms / 1.25 or est > 2 * max_ms:
                     raise _out_of_window(est, min_ms, max_ms, calibration, metrics)
-        if "conditioning" not in skip:
-            with _phase(phases, "conditioning_s"), timing.shared(check):
-                metrics["conditioning"] = _conditioning(model, inputs, out, job["rtol"], job["atol"])
-        compiled = (None if "compile" in skip else
-                    _compile_checks(model, inputs, out, device, job["rtol"], job["atol"], job["compile_mode"], metrics))
+        compiled = _against_truth_and_compile(job, model, inputs, out, metrics, check)
         eager, comp = _timed(model, compiled, inputs, device, job["trials"], job["timing_lock"], phases)
         med = eager["median_ms"]
         if min_ms <= med <= max_ms or "time_window" in skip:
@@ -446,6 +453,20 @@ def _judge_steps(job, metrics):
             raise _out_of_window(med, min_ms, max_ms, calibration, metrics, eager)
         job["code"] = scaled
     raise AssertionError("unreachable: the last step never rescales")
+
+
+def _against_truth_and_compile(job, model, inputs, out, metrics, check):
+    """Conditioning (float32 eager against float64), then torch.compile against eager and against
+    the float64 outputs; returns the compiled model (None when compile is skipped). The float64
+    outputs are freed before the timing."""
+    truth = None
+    if "conditioning" not in job["skip"]:
+        with _phase(metrics["phases"], "conditioning_s"), timing.shared(check):
+            metrics["conditioning"], truth = _conditioning(model, inputs, out, job["rtol"], job["atol"])
+    if "compile" in job["skip"]:
+        return None
+    return _compile_checks(model, inputs, out, job["device"], job["rtol"], job["atol"], job["compile_mode"], metrics,
+                           truth)
 
 
 def _with_times(metrics, eager, comp, device):

@@ -628,8 +628,45 @@ def _shape_list(ts):
     return [{"shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", "")} for t in ts]
 
 
-def _check_set(sess, ref, values, label, strict, atol, rtol, expected=None):
-    """One input set through the child, judged here. Returns (max error, expected outputs)."""
+class _Truth:
+    """The reference in float64 (tolerance.precision_ratio): an answer right by the 1e-2 rule must
+    also be about as near the true outputs as float32 eager is, on the first checked set and on the
+    last timed call read back (a child knows a checked call from a timed one, not which timed call
+    is read back). The float64 copy of the model is made per use, not kept beside the reference
+    (two uses a candidate). A reference that cannot run in float64 (an op without it, memory) is
+    no verdict on the answer: the check is skipped and says why."""
+
+    def __init__(self, ref):
+        self.ref, self.ratios, self.skipped = ref, [], None
+
+    def check(self, got, expected, values, label):
+        if self.skipped is not None:
+            return
+        try:
+            truth = tol.float64_outputs(self.ref, values, T.flatten_outputs)
+        except Exception as e:  # noqa: BLE001 - see the docstring
+            self.skipped = f"the reference does not run in float64: {type(e).__name__}: {str(e)[:200]}"
+            return
+        if [t.shape for t in truth] != [t.shape for t in expected]:
+            self.skipped = "the reference in float64 returns other outputs"
+            return
+        worst, at = tol.precision_check(got, expected, truth, tol.input_numel(values))
+        if worst is None:
+            return
+        self.ratios.append(worst)
+        if worst > tol.PRECISION_RATIO:
+            raise Verdict("imprecise", f"{label}: output {at} is {worst:.3g} times as far from the float64 result as "
+                                       f"float32 eager is (at most {tol.PRECISION_RATIO}): computed in a lower "
+                                       "precision, or approximated, where the task is float32")
+
+    def report(self):
+        return {"max_ratio": max(self.ratios) if self.ratios else None, "limit": tol.PRECISION_RATIO,
+                "checked": len(self.ratios), "skipped": self.skipped}
+
+
+def _check_set(sess, ref, values, label, strict, atol, rtol, expected=None, truth=None):
+    """One input set through the child, judged here (and against the float64 truth when given a
+    _Truth). Returns (max error, expected outputs)."""
     expected = _expected(ref, values) if expected is None else expected
     sess.write(values)
     sess.poison()
@@ -657,6 +694,8 @@ def _check_set(sess, ref, values, label, strict, atol, rtol, expected=None):
     if not ok:
         raise Verdict("incorrect", f"{label}: max abs error {err:.4g} beyond atol={atol:g} (x the output's mean "
                                     f"magnitude where above 1), rtol={rtol:g}")
+    if truth is not None:
+        truth.check(got, expected, values, label)
     if strict and evidence.get("extension_calls") == 0:
         raise Verdict("no_kernel", f"{label}: ModelNew.forward called no function of its extension (strict "
                                    "policy: the output must come from the solution's kernels)")
@@ -705,14 +744,15 @@ class _Constancy:
         return all(self.flags) and all(still), not all(still)
 
 
-def _check_all(sess, ref, draw, seed, n, strict, atol, rtol, flags):
+def _check_all(sess, ref, draw, seed, n, strict, atol, rtol, flags, truth=None):
     """Every checked input set, then stressed inputs when any of the task's outputs looks
     constant (_Constancy). Returns (max error, stress_timed): stress_timed when the stressed set
     made a constant-looking output move, so the timed calls take stressed inputs too (an answer
     right on the checks alone and ~0 after them would pass every timed read-back)."""
     max_err, seen, busy = 0.0, _Constancy(rtol, atol), []
     for k, values in enumerate(_checked_sets(sess, draw, seed, n)):
-        err, exp = _check_set(sess, ref, values, f"input set {k + 1}", strict, atol, rtol)
+        err, exp = _check_set(sess, ref, values, f"input set {k + 1}", strict, atol, rtol,
+                              truth=truth if k == 0 else None)
         max_err = max(max_err, err)
         seen.see(exp)
         busy += [ms for ms in [sess.last_pending] if ms is not None and ms > PENDING_MS]
@@ -879,8 +919,8 @@ class _Timer:
     child between the writes and the clock's start: it cannot compute a call untimed
     (docs/architecture.md, "The judge")."""
 
-    def __init__(self, sess, ref, draw, atol, rtol, strict=False, floor_ms=0.0):
-        self.sess, self.ref, self.draw, self.atol, self.rtol = sess, ref, draw, atol, rtol
+    def __init__(self, sess, ref, draw, atol, rtol, strict=False, floor_ms=0.0, truth=None):
+        self.sess, self.ref, self.draw, self.atol, self.rtol, self.truth = sess, ref, draw, atol, rtol, truth
         self.floor_ms = floor_ms or 0.0  # crossing_floor_ms of this child, subtracted from every batch
         self.strict, self.runs, self.child_ms, self.crossing_ms = strict, 0, [], []
         # Fresh entropy, not the run's seed: which calls are read back and what their inputs are
@@ -953,10 +993,14 @@ class _Timer:
             self.sess.child.must("fetch", "reading back a timed call's output", slot=k,
                                  then_spin=_child_spin(self.sess.device))
             self.fetch_ms.append((time.perf_counter() - t0) * 1e3)
-            ok, err = _close(self.sess.read(), _expected(self.ref, self.draw(self.current[k])), self.atol, self.rtol)
+            got, values = self.sess.read(), self.draw(self.current[k])
+            exp = _expected(self.ref, values)
+            ok, err = _close(got, exp, self.atol, self.rtol)
             self.sampled += 1
             if not ok and self.wrong is None:
                 self.wrong = err
+            if ok and force and self.truth is not None:  # the last call, read back: _Truth
+                self.truth.check(got, exp, values, "a timed call's output, read back")
 
     def _calibrate(self, lock):
         """Single calls (also the warm-up) give the call's time, and so the batch size; the
@@ -1108,11 +1152,12 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
     # The judge worker's own parts beside the child's (dispatch, checks): the reference and its
     # first set, and the clean-up after (collector, allocator, the next spares started).
     result["phase_s"] = {}
-    child = sess = None
+    child = sess = truth = None
     with open(log_path or os.devnull, "ab") as log:
         try:
             t0 = time.perf_counter()
             ref_mod, ref, first, expected0, draw = _reference(task_code, device, seed)
+            truth = _Truth(ref)
             result["phase_s"]["reference"] = time.perf_counter() - t0
             child, t1 = _start(launch, log, timeout_s, device, result)
             timing.SUSPECTS[:] = [child.proc.pid]  # its tree holding a lock the timer waits for is a verdict
@@ -1128,11 +1173,11 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
             result["dispatch_s"] = time.perf_counter() - t1
             with timing.shared(timing.check_lock(timing_lock, device)):
                 result["max_error"], stress = _check_all(sess, ref, draw, seed, correct_trials, policy == "strict",
-                                                         atol, rtol, result["flags"])
+                                                         atol, rtol, result["flags"], truth)
             result["phase_s"]["checks"] = time.perf_counter() - t1 - result["dispatch_s"]
             if timed:
                 timer = _Timer(sess, ref, _stressed(draw) if stress else draw, atol, rtol, strict=policy == "strict",
-                               floor_ms=floor)
+                               floor_ms=floor, truth=truth)
                 _time_and_profile(sess, timer, result, trials, budget_s, policy == "strict", timing_lock)
                 if stress:
                     result["candidate"]["inputs"] = "stressed (x*4+1): the task's outputs look constant on its own"
@@ -1157,13 +1202,15 @@ def eval_solution(task_code, solution_dir, entry, layout, artifacts, launch, dev
         finally:
             t_end = time.perf_counter()
             timing.SUSPECTS.clear()
+            if truth is not None:
+                result["precision"] = truth.report()
             if sess is not None:
                 sess.close()
             if child is not None:
                 child.close()
             # Nothing of this task stays in the allocator's cache of an idle worker: a neighbour
             # judged alone after running out of memory gets the device's memory (judge_alone).
-            ref_mod = ref = first = expected0 = draw = sess = timer = None  # noqa: F841
+            ref_mod = ref = first = expected0 = draw = sess = timer = truth = None  # noqa: F841
             if device.startswith("cuda"):
                 gc.collect()  # a task module's classes and functions refer to it: freed by the collector
             _release()

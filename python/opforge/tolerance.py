@@ -15,6 +15,7 @@ docs/gpu.md):
 - EfficientNetB2 and UNetSoftmax differ from float64 by 1.3 and 0.13 in float32 with TF32 off:
   no float32 program can be judged against them (the filter's conditioning check).
 """
+import copy
 import math
 
 import torch
@@ -164,6 +165,64 @@ def stress(values):
     own inputs, the judge checks it on these too, and the filter keeps a task only if every output
     moves on one of them (judge._check_all, filter._judge_distinguishable)."""
     return [x * 4 + 1 if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in values]
+
+
+PRECISION_ULPS = 4  # the yardstick's least value: this many epsilons of the true output's norm (x sqrt(terms))
+PRECISION_RATIO = 64  # an answer may be this many yardsticks from the float64 truth
+
+
+def precision_ratio(out, ref, truth, terms=1.0):
+    """How far an answer is from the float64 truth, in units of float32 eager's own distance from
+    it: ||out - truth|| / max(||ref - truth||, PRECISION_ULPS * eps * sqrt(terms) * ||truth||), L2
+    norms over the output. None where it does not apply (not a real floating output, a truth that
+    is not finite). The 1e-2 rule passes any answer within ~0.3% of the reference, so it passed
+    work done in a lower precision (bf16 or TF32 operands into a float32 task's matmul, 7-15x the
+    throughput of float32 on an H100) and statistics guessed or sampled rather than computed (a
+    softmax's normaliser taken as its expected value on rand inputs, a LayerNorm's mean and
+    variance from a sample): 500 to 7,000 yardsticks on the CPU machine, where honest float32
+    answers (split-K in another order, a naive sequential dot product, two-pass statistics, a
+    chunked logsumexp) were 0.05 to 2.4 (red-team, s36). terms: how many input elements feed one
+    output element at most (the inputs' numel over the output's): an honest float32 sum of n terms
+    in another order is ~eps sqrt(n) from the truth, so a loss summed by block atomics over 1e9
+    elements is not held to what torch's pairwise sum achieves."""
+    if not out.is_floating_point() or out.numel() == 0 or out.dtype == torch.float64:
+        return None
+    t = truth.double()
+    size = torch.linalg.vector_norm(t).item()
+    if not math.isfinite(size):
+        return None
+    base = max(torch.linalg.vector_norm(ref.double() - t).item(),
+               PRECISION_ULPS * torch.finfo(out.dtype).eps * math.sqrt(max(1.0, terms)) * size)
+    err = torch.linalg.vector_norm(out.double() - t).item()
+    if base == 0.0:
+        return 0.0 if err == 0.0 else math.inf
+    return err / base if math.isfinite(err) else math.inf
+
+
+def precision_check(outs, refs, truths, input_numel):
+    """(worst ratio, its output's index) over a task's outputs (precision_ratio), (None, None) where
+    none applies: an answer passes when the worst is at most PRECISION_RATIO."""
+    worst, at = None, None
+    for k, (o, r, t) in enumerate(zip(outs, refs, truths)):
+        q = precision_ratio(o, r, t, input_numel / max(1, o.numel()))
+        if q is not None and (worst is None or q > worst):
+            worst, at = q, k
+    return worst, at
+
+
+def float64_outputs(model, inputs, flatten):
+    """The task's outputs computed in float64 from the same weights and inputs (a copy of the model;
+    floating inputs widened exactly): the truth precision_ratio and the filter's conditioning
+    measure against. Raises what the float64 run raises (an op without float64, memory)."""
+    m64 = copy.deepcopy(model).double()
+    x64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
+    with torch.no_grad():
+        return flatten(m64(*x64))
+
+
+def input_numel(values):
+    """The floating elements of an input set (precision_check's terms)."""
+    return sum(x.numel() for x in values if isinstance(x, torch.Tensor) and x.is_floating_point())
 
 
 def close(outs, refs, rtol=RTOL, atol=ATOL):
