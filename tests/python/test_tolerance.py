@@ -1,4 +1,5 @@
 """The agreement rule of filter and judge (python/opforge/tolerance.py)."""
+import math
 import sys
 import unittest
 from pathlib import Path
@@ -189,6 +190,91 @@ class AgreementRule(unittest.TestCase):
         self.assertFalse(torch.backends.cudnn.allow_tf32)
         self.assertFalse(torch.backends.cuda.matmul.allow_tf32)
 
+
+
+def _bf16(t):
+    return t.bfloat16().float()
+
+
+def _tf32(t):
+    """float32 with its mantissa rounded to TF32's 10 bits (what a TF32 tensor core multiplies)."""
+    bits = t.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+class PrecisionRatio(unittest.TestCase):
+    """An answer's distance from float64 in units of float32 eager's own (precision_ratio)."""
+
+    def setUp(self):
+        g = torch.Generator().manual_seed(11)
+        self.x = torch.randn(128, 1024, generator=g)
+        self.w = torch.randn(2048, 1024, generator=g) / 32
+        self.ref = self.x @ self.w.T
+        self.truth = self.x.double() @ self.w.double().T
+
+    def ratio(self, out, terms=1.0):
+        return tol.precision_ratio(out, self.ref, self.truth, terms)
+
+    def test_lower_precision_operands_pass_the_rule_and_fail_the_ratio(self):
+        for name, cast in (("bf16", _bf16), ("tf32", _tf32)):
+            cheap = cast(self.x) @ cast(self.w).T
+            self.assertTrue(tol.close([cheap], [self.ref]), f"the hole ({name})")
+            self.assertGreater(self.ratio(cheap), tol.PRECISION_RATIO, name)
+
+    def test_honest_float32_orders_are_within_it(self):
+        split = sum(self.x[:, k::8] @ self.w[:, k::8].T for k in reversed(range(8)))
+        sequential = torch.zeros_like(self.ref)
+        for k in range(0, 1024, 64):  # a naive accumulation, a slice of K at a time
+            sequential += self.x[:, k:k + 64] @ self.w[:, k:k + 64].T
+        for name, out in (("float64 cast", self.truth.float()), ("split-K", split), ("sequential", sequential)):
+            self.assertLess(self.ratio(out), 4, name)
+
+    def test_a_statistic_taken_as_its_expected_value_fails(self):
+        # softmax over 65,536 rand columns with the normaliser N(e - 1) instead of computed: inside
+        # the 1e-2 rule (the normaliser varies by ~0.1% a row).
+        x = torch.rand(16, 65536, generator=torch.Generator().manual_seed(12))
+        ref, truth = torch.softmax(x, 1), torch.softmax(x.double(), 1)
+        guess = torch.exp(x) / (65536 * (math.e - 1))
+        self.assertTrue(tol.close([guess], [ref]), "the hole")
+        self.assertGreater(tol.precision_ratio(guess, ref, truth), tol.PRECISION_RATIO)
+        shifted = torch.exp(x - x.max(1, keepdim=True).values)
+        self.assertLess(tol.precision_ratio(shifted / shifted.sum(1, keepdim=True), ref, truth), 4)
+
+    def test_a_large_sum_is_not_held_to_torchs_pairwise_order(self):
+        # One float32 accumulated a block at a time (as block atomics do) over 4M terms: honest,
+        # ~eps sqrt(blocks) from the truth; terms (inputs over outputs) sets the yardstick's floor.
+        d = torch.randn(2048, 2048, generator=torch.Generator().manual_seed(13)) ** 2
+        ref, truth = d.mean(), d.double().mean()
+        acc = torch.zeros((), dtype=torch.float32)
+        for blk in d.reshape(-1, 512).sum(1):
+            acc += blk
+        worst, at = tol.precision_check([acc / d.numel()], [ref], [truth], d.numel())
+        self.assertEqual(at, 0)
+        self.assertLess(worst, 1)
+
+    def test_what_it_does_not_apply_to(self):
+        ints = torch.arange(6)
+        self.assertIsNone(tol.precision_ratio(ints, ints, ints.double()))
+        self.assertIsNone(tol.precision_ratio(self.ref, self.ref, torch.full_like(self.truth, float("inf"))))
+        self.assertEqual(tol.precision_ratio(self.ref, self.ref, self.ref.double()), 0.0)
+        self.assertEqual(tol.precision_check([ints], [ints], [ints.double()], 6), (None, None))
+
+    def test_float64_outputs_widen_the_model_and_inputs(self):
+        class Scaled(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(8, 4)
+
+            def forward(self, x, k):
+                return self.lin(x) * k
+
+        lin = Scaled()
+        x = torch.randn(3, 8)
+        (out,) = tol.float64_outputs(lin, [x, 2], lambda o: [o])
+        self.assertEqual(out.dtype, torch.float64)
+        self.assertEqual(lin.lin.weight.dtype, torch.float32, "the task's model is not changed")
+        self.assertTrue(torch.allclose(out.float(), lin(x, 2), atol=1e-6))
+        self.assertEqual(tol.input_numel([x, 2, torch.arange(4)]), 24)
 
 if __name__ == "__main__":
     unittest.main()
