@@ -633,8 +633,10 @@ class _Truth:
     also be about as near the true outputs as float32 eager is, on the first checked set and on the
     last timed call read back (a child knows a checked call from a timed one, not which timed call
     is read back). The float64 copy of the model is made per use, not kept beside the reference
-    (two uses a candidate). A reference that cannot run in float64 (an op without it, memory) is
-    no verdict on the answer: the check is skipped and says why."""
+    (two uses a candidate). A reference that cannot run in float64 (an op without it) is no
+    verdict on the answer: the check is skipped and says why. Running out of device memory is not
+    skipped (a child could hold the memory to be let off): it is the verdict of memory that a judge
+    sharing the device gives again alone (evaluator/README.md)."""
 
     def __init__(self, ref):
         self.ref, self.ratios, self.skipped = ref, [], None
@@ -644,6 +646,8 @@ class _Truth:
             return
         try:
             truth = tol.float64_outputs(self.ref, values, T.flatten_outputs)
+        except torch.cuda.OutOfMemoryError:
+            raise  # the child may hold the device's memory on purpose: eval_solution's verdict of memory
         except Exception as e:  # noqa: BLE001 - see the docstring
             self.skipped = f"the reference does not run in float64: {type(e).__name__}: {str(e)[:200]}"
             return
