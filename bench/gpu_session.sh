@@ -31,6 +31,9 @@
 #                 (a crash is run again under cuda-gdb for its backtrace)
 #     lreval      the learning run's SFT eval again from .lr/lr.tgz with this tree's judge (judge_j workers, untimed): why
 #                 answers get -1 or stay unjudged (lreval.jsonl, lreval.txt, lreval_judge.log come back)
+#     precision   bench/precision_gpu.py: judge-13's precision check over PREC_N (120) accepted tasks of RELEASE_DB's
+#                 checkpoint on GPU 0 (compile's ratio, which filter-7 bounds; TF32 and bf16 autocast against the
+#                 1e-2 rule); precision.jsonl and precision.log come back (~4 min with 12 workers)
 #     profstart   bench/profiler_startup.py: what a fresh process's first profiler sessions cost on GPU 0 (strict's
 #                 checks paid 4-9 s of it in every child; ~80 s; profstart.txt and profstart.json come back)
 #     audit       bench/retime_audit.py: AUDIT_N (200) records of AUDIT_DIR (corpus/ops6k-h200) timed again
@@ -51,7 +54,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 P=/opt/torch/.venv/bin/python3
 B=$PWD/build-gpu/opforge
-[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|agent|serve|trainer|ppo-smoke|throughput|checks|kb|dedupscale|corpus|release|shards|resume|audit|profstart|learning|lreval..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|agent|serve|trainer|ppo-smoke|throughput|checks|kb|dedupscale|corpus|release|shards|resume|audit|precision|profstart|learning|lreval..." >&2; exit 2; }
 source .device/env.sh > /dev/null
 export PATH=/opt/torch/.venv/bin:$PATH
 # bubblewrap comes in .device (pack-debs.sh bubblewrap): the judge sandboxes every solution with it.
@@ -356,6 +359,13 @@ print('actor after 2 steps: max |weight change|', max(float((a[k].float() - b[k]
     stamp "sft resumed on CUDA (bench/trainer_resume_gpu.sh)"
     CUDA_VISIBLE_DEVICES=0 timeout "${RESUME_TIMEOUT:-240}" bash bench/trainer_resume_gpu.sh build-gpu "$P" 2>&1 | tee "$OUT/resume.txt"
     resolve_stacks /tmp/resume-*/split4.log | tee -a "$OUT/resume.txt"
+    ;;
+  precision)
+    stamp "precision check over accepted tasks on GPU 0 (bench/precision_gpu.py)"
+    CUDA_VISIBLE_DEVICES=0 timeout "${PREC_TIMEOUT:-270}" $P bench/precision_gpu.py \
+      --db "${RELEASE_DB:-corpus/checkpoints/ops6k-h200.db.gz}" --n "${PREC_N:-120}" --workers 12 \
+      --budget-s "${PREC_BUDGET:-240}" --out "$OUT/precision.jsonl" > /dev/null 2> "$OUT/precision.log"
+    tail -8 "$OUT/precision.log"
     ;;
   profstart)
     stamp "first profiler sessions of fresh processes on GPU 0 (bench/profiler_startup.py)"
