@@ -210,11 +210,12 @@ def precision_check(outs, refs, truths, input_numel):
     return worst, at
 
 
-def float64_outputs(model, inputs, flatten):
-    """The task's outputs computed in float64 from the same weights and inputs (a copy of the model;
-    floating inputs widened exactly): the truth precision_ratio and the filter's conditioning
-    measure against. Raises what the float64 run raises (an op without float64, memory)."""
-    m64 = copy.deepcopy(model).double()
+def float64_outputs(model, inputs, flatten, widened=False):
+    """The task's outputs computed in float64 from the same weights and inputs (a copy of the model,
+    unless widened says model is one already; floating inputs widened exactly): the truth
+    precision_ratio and the filter's conditioning measure against. Raises what the float64 run
+    raises (an op without float64, memory)."""
+    m64 = model if widened else copy.deepcopy(model).double()
     x64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
     with torch.no_grad():
         return flatten(m64(*x64))
