@@ -22,9 +22,9 @@
 #                 workspace on the committed H200 crawl (CRAWL_DB); corpus.db.gz comes back
 #     release     issue #18's 6K release, resumable across calls (docs/release.md): opforge run --preset
 #                 ops6k-release --kept $KEPT (6000) from /tmp/rws, else RELEASE_DB (default
-#                 corpus/checkpoints/ops6k-h200.db.gz, the last call's checkpoint, committed), else the crawl;
-#                 stops at RELEASE_TIMEOUT (480 s); ops6k-h200.db.gz (the next checkpoint) and, once finished,
-#                 release_export.tgz come back
+#                 corpus/checkpoints/ops6k-<h100|h200>.db.gz by the GPU's model, the last call's checkpoint,
+#                 committed), else the crawl; stops at RELEASE_TIMEOUT (480 s); ops6k-<model>.db.gz (the next
+#                 checkpoint) and, once finished, release_export.tgz come back
 #     shards      issue #16: SH_COUNT (96) candidates as one run and as 2 shards filtered together on GPU 0, merged and
 #                 compared (bench/shards_h200.sh; shards.json and shards.txt come back)
 #     resume      bench/trainer_resume_gpu.sh: opforge train sft on CUDA, 4 steps at once against 2 resumed to 4
@@ -36,6 +36,8 @@
 #                 1e-2 rule); precision.jsonl and precision.log come back (~4 min with 12 workers)
 #     profstart   bench/profiler_startup.py: what a fresh process's first profiler sessions cost on GPU 0 (strict's
 #                 checks paid 4-9 s of it in every child; ~80 s; profstart.txt and profstart.json come back)
+#     hack        one folder of tests/fixtures/eval_gpu/hacks (HACK, default tf32_gemm) through opforge eval: each
+#                 row's reason beside its expected one (hack.txt, hack.log come back)
 #     audit       bench/retime_audit.py: AUDIT_N (200) records of AUDIT_DIR (corpus/ops6k-h200) timed again
 #     learning    bench/learning_run.py (issue #14's learning run) on GPU 0 over the export of the committed
 #                 ops6k_h200.db.gz (191 train / 114 test); resumable: each call goes on in /tmp/lr and ends
@@ -126,6 +128,25 @@ case $step in
       (cd build-gpu && timeout "${CTEST_TIMEOUT:-330}" ctest -L gpu --output-on-failure) > "$OUT/ctest_gpu.txt" 2>&1
       tail -4 "$OUT/ctest_gpu.txt"
     fi
+    ;;
+  hack)
+    # One folder of GPU hacks (HACK, default tf32_gemm) against its tasks under the strict, timed
+    # judge, without the whole eval bench: each row's reason beside the one its docstring expects.
+    h=tests/fixtures/eval_gpu/hacks/${HACK:-tf32_gemm}
+    stamp "eval of $h on GPU 0"
+    rm -rf /tmp/hk1 && mkdir -p /tmp/hk1/tasks
+    for f in "$h"/*; do cp "tests/fixtures/eval_gpu/tasks/$(basename "$f" .py).py" /tmp/hk1/tasks/; done
+    CUDA_VISIBLE_DEVICES=0 timeout "${HACK_TIMEOUT:-240}" $B eval --tasks /tmp/hk1/tasks --solutions "$h" --device cuda \
+      --no-plots --require-sandbox --out /tmp/hk1/out > "$OUT/hack.log" 2>&1
+    echo "eval rc $?" | tee "$OUT/hack.txt"
+    $P - "$h" /tmp/hk1/out/report.json <<'PY' 2>&1 | tee -a "$OUT/hack.txt"
+import json, pathlib, re, sys
+for r in json.load(open(sys.argv[2]))["results"]:
+    f = pathlib.Path(sys.argv[1]) / (r["solution"] + ".py")
+    want = re.search(r"expect `([a-z_]+)`", f.read_text()) if f.exists() else None
+    print(r["solution"], "reason", r.get("reason"), "expected", want and want.group(1), "reward", r.get("reward"),
+          "precision", json.dumps(r.get("precision")), "max_error", r.get("max_error"))
+PY
     ;;
   agent)
     # One scripted opforge agent episode (bench/agent_gpu.py): its scripts reach the judge on the GPU.
@@ -328,7 +349,11 @@ print('actor after 2 steps: max |weight change|', max(float((a[k].float() - b[k]
     # committed crawl. Each call stops the run at RELEASE_TIMEOUT (a killed run resumes where it
     # stopped) and brings back the checkpoint to commit (the database, vacuumed: verdicts, metrics,
     # code; no cache), the run's log and, once the run finished, the export.
-    restore_ws /tmp/rws "${RELEASE_DB:-corpus/checkpoints/ops6k-h200.db.gz}"
+    # One checkpoint per GPU model (h100, h200): the filter's configuration holds the model, so a
+    # release is one model's timings; whichever model's reaches KEPT first is released.
+    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9]*' | head -1 | tr H h)
+    ck=ops6k-${gpu:-gpu}
+    restore_ws /tmp/rws "${RELEASE_DB:-corpus/checkpoints/$ck.db.gz}"
     restore_ws /tmp/rws "$CRAWL_DB"
     refs=()
     for l in 1 2 3; do [ -d .kb/KernelBench/level$l ] && refs+=(--reference .kb/KernelBench/level$l); done
@@ -343,8 +368,8 @@ print('actor after 2 steps: max |weight change|', max(float((a[k].float() - b[k]
     cat "$OUT/release.txt"
     rm -f /tmp/rws.ckpt.db
     $P -c "import sqlite3; sqlite3.connect('/tmp/rws/opforge.db').execute(\"VACUUM INTO '/tmp/rws.ckpt.db'\")"
-    gzip -9c /tmp/rws.ckpt.db > "$OUT/ops6k-h200.db.gz"
-    ls -l "$OUT/ops6k-h200.db.gz"
+    gzip -9c /tmp/rws.ckpt.db > "$OUT/$ck.db.gz"
+    ls -l "$OUT/$ck.db.gz"
     [ -s /tmp/rws.out ] && tar -C /tmp/rws -czf "$OUT/release_export.tgz" export
     ;;
   shards)

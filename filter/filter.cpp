@@ -84,6 +84,9 @@ json config_of(const FilterOptions& o, const std::string& device) {
   // whether a verdict is reached (and an environment failure is retried alone).
   json c = {{"filter", kFilterVersion}, {"device", device}, {"min_ms", o.min_ms},  {"max_ms", o.max_ms},
             {"calibrate", o.calibrate}, {"rtol", o.rtol},    {"atol", o.atol},      {"trials", o.trials}};
+  // The GPU model too: timings (the 1-100 ms window, speed-ups) are the model's, so verdicts of an
+  // H200 are stale to a run on an H100 and a release stays one model's (docs/release.md).
+  if (device != "cpu") c["gpus"] = gpu_models();
   // Only when some are off, so the hash of the full filter stays what verdicts already carry.
   if (!o.skip_checks.empty()) {
     std::vector<std::string> off = o.skip_checks;

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 
@@ -11,6 +12,7 @@
 
 #include "opforge/core/error.h"
 #include "opforge/core/gpus.h"
+#include "test_support.h"
 
 namespace opforge {
 namespace {
@@ -61,6 +63,21 @@ TEST(Gpus, CudaVisibleDevicesPicksAndOrdersTheGpus) {
     ScopedEnv e("CUDA_VISIBLE_DEVICES", nullptr);
     EXPECT_EQ(static_cast<int>(visible_gpus().size()), present());
   }
+}
+
+TEST(Gpus, ModelsComeFromTheDriversProcFilesSortedAndOnce) {
+  // The layout of /proc/driver/nvidia/gpus: one folder per PCI address, an `information` file each.
+  test::TempDir root;
+  auto gpu = [&](const std::string& pci, const std::string& model) {
+    std::filesystem::create_directories(root / pci);
+    std::ofstream(root / pci / "information") << "Model: \t " << model << " \nIRQ:   176\nGPU UUID:  GPU-1\n";
+  };
+  EXPECT_TRUE(gpu_models(root / "absent").empty()) << "no driver: no models, no error";
+  gpu("0000:1a:00.0", "NVIDIA H200");
+  gpu("0000:1b:00.0", "NVIDIA H100 80GB HBM3");
+  gpu("0000:1c:00.0", "NVIDIA H200");
+  std::filesystem::create_directories(root / "0000:1d:00.0");  // a folder without its file
+  EXPECT_EQ(gpu_models(root.path()), (std::vector<std::string>{"NVIDIA H100 80GB HBM3", "NVIDIA H200"}));
 }
 
 TEST(Gpus, SlotsGoRoundRobinWithTheirGpusLockAndSharing) {

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 
 #include <sys/stat.h>
@@ -35,6 +36,23 @@ std::vector<std::string> visible_gpus() {
     ids.push_back(e);
   }
   return ids;
+}
+
+std::vector<std::string> gpu_models(const std::filesystem::path& root) {
+  std::vector<std::string> models;
+  std::error_code ec;
+  for (const auto& gpu : std::filesystem::directory_iterator(root, ec)) {
+    std::ifstream in(gpu.path() / "information");
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("Model:", 0) != 0) continue;
+      auto b = line.find_first_not_of(" \t", 6), e = line.find_last_not_of(" \t\r");
+      if (b != std::string::npos) models.push_back(line.substr(b, e - b + 1));
+      break;
+    }
+  }
+  std::sort(models.begin(), models.end());
+  models.erase(std::unique(models.begin(), models.end()), models.end());
+  return models;
 }
 
 namespace {

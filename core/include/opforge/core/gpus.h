@@ -14,6 +14,12 @@ namespace opforge {
 // /dev/nvidiaN device files the driver creates.
 std::vector<std::string> visible_gpus();
 
+// The models of the host's NVIDIA GPUs ("NVIDIA H100 80GB HBM3"), sorted and unique, from the
+// driver's /proc files (no CUDA call; `root` is for tests): what a GPU verdict's timings depend
+// on, so the filter keeps it in its configuration and a workspace judged on one model is not
+// silently continued on another. Empty where the driver exposes none.
+std::vector<std::string> gpu_models(const std::filesystem::path& root = "/proc/driver/nvidia/gpus");
+
 // Where the GPUs' timing locks live: one folder for the whole host, so that every opforge
 // process on it (two shards of an array job on one GPU, a filter beside an eval) times a GPU in
 // turn. OPFORGE_LOCK_DIR when set (e.g. one per Slurm job when cgroups give each job its own GPU
