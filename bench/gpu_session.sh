@@ -38,7 +38,7 @@
 #                 checks paid 4-9 s of it in every child; ~80 s; profstart.txt and profstart.json come back)
 #     hack        one folder of tests/fixtures/eval_gpu/hacks (HACK, default tf32_gemm) through opforge eval: each
 #                 row's reason beside its expected one (hack.txt, hack.log come back)
-#     audit       bench/retime_audit.py: AUDIT_N (200) records of AUDIT_DIR (corpus/ops6k-h200) timed again
+#     audit       bench/retime_audit.py: AUDIT_N (200) records of AUDIT_DIR (corpus/ops6k-<model>) timed again
 #     learning    bench/learning_run.py (issue #14's learning run) on GPU 0 over the export of the committed
 #                 ops6k_h200.db.gz (191 train / 114 test); resumable: each call goes on in /tmp/lr and ends
 #                 after a finished unit before LEARN_TIMEOUT (default 540 s), so run it 3 times back to back
@@ -74,6 +74,9 @@ CRAWL_DB=${CRAWL_DB:-bench/results/crawl_h200.db.gz}
 judge_j() { local mb; mb=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 2>/dev/null | head -1)
             echo "-j $(( ${mb:-80000} / 12000 > 1 ? ${mb:-80000} / 12000 : 1 ))"; }
 stamp() { echo "== $(date +%T) $*" | tee -a "$OUT/steps.txt"; }
+gpu_model() {  # h100, h200: the release's checkpoints and folders are one GPU model's (docs/release.md)
+  nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9]*' | head -1 | tr H h
+}
 restore_ws() {  # WS DBGZ: a workspace from a carried database (none carried: the run crawls)
   mkdir -p "$1"
   [ -f "$1/opforge.db" ] || [ ! -f "$2" ] || gunzip -c "$2" > "$1/opforge.db"
@@ -351,7 +354,7 @@ print('actor after 2 steps: max |weight change|', max(float((a[k].float() - b[k]
     # code; no cache), the run's log and, once the run finished, the export.
     # One checkpoint per GPU model (h100, h200): the filter's configuration holds the model, so a
     # release is one model's timings; whichever model's reaches KEPT first is released.
-    gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9]*' | head -1 | tr H h)
+    gpu=$(gpu_model)
     ck=ops6k-${gpu:-gpu}
     restore_ws /tmp/rws "${RELEASE_DB:-corpus/checkpoints/$ck.db.gz}"
     restore_ws /tmp/rws "$CRAWL_DB"
@@ -400,10 +403,11 @@ print('actor after 2 steps: max |weight change|', max(float((a[k].float() - b[k]
     ;;
   audit)
     # The release's re-timing audit (docs/release.md): AUDIT_N (200) random records of the export
-    # (AUDIT_DIR, default corpus/ops6k-h200) timed again on GPU 0 beside their stored eager times.
-    stamp "re-timing ${AUDIT_N:-200} records of ${AUDIT_DIR:-corpus/ops6k-h200} on GPU 0"
+    # (AUDIT_DIR, default corpus/ops6k-<this GPU's model>) timed again on GPU 0 beside their stored eager times.
+    AUDIT_DIR=${AUDIT_DIR:-corpus/ops6k-$(gpu_model)}
+    stamp "re-timing ${AUDIT_N:-200} records of $AUDIT_DIR on GPU 0"
     CUDA_VISIBLE_DEVICES=0 PYTHONPATH=python timeout "${AUDIT_TIMEOUT:-480}" $P bench/retime_audit.py \
-      "${AUDIT_DIR:-corpus/ops6k-h200}" --sample "${AUDIT_N:-200}" --out "$OUT/retime_audit.json" > "$OUT/audit.txt" 2>&1
+      "$AUDIT_DIR" --sample "${AUDIT_N:-200}" --out "$OUT/retime_audit.json" > "$OUT/audit.txt" 2>&1
     echo "audit rc $?" >> "$OUT/audit.txt"
     cat "$OUT/audit.txt"
     ;;
