@@ -356,7 +356,11 @@ print('actor after 2 steps: max |weight change|', max(float((a[k].float() - b[k]
     # release is one model's timings; whichever model's reaches KEPT first is released.
     gpu=$(gpu_model)
     ck=ops6k-${gpu:-gpu}
-    restore_ws /tmp/rws "${RELEASE_DB:-corpus/checkpoints/$ck.db.gz}"
+    src=corpus/checkpoints/$ck.db.gz
+    # A model's first call starts from the H200's checkpoint: its 6,000 composed candidates are
+    # reused, its verdicts (another model's, another filter's) are judged again (--rejudge-stale).
+    [ -f "$src" ] || src=corpus/checkpoints/ops6k-h200.db.gz
+    restore_ws /tmp/rws "${RELEASE_DB:-$src}"
     restore_ws /tmp/rws "$CRAWL_DB"
     refs=()
     for l in 1 2 3; do [ -d .kb/KernelBench/level$l ] && refs+=(--reference .kb/KernelBench/level$l); done
