@@ -167,24 +167,28 @@ def stress(values):
     return [x * 4 + 1 if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in values]
 
 
-PRECISION_ULPS = 4  # the yardstick's least value: this many epsilons of the true output's norm (x sqrt(terms))
+PRECISION_ULPS = 4  # the yardstick's least value: this many epsilons of the true output's norm
+PRECISION_TERMS_DIV = 4  # ...or eps x sqrt(terms) / this, where an output gathers many input elements
 PRECISION_RATIO = 64  # an answer may be this many yardsticks from the float64 truth
 
 
 def precision_ratio(out, ref, truth, terms=1.0):
     """How far an answer is from the float64 truth, in units of float32 eager's own distance from
-    it: ||out - truth|| / max(||ref - truth||, PRECISION_ULPS * eps * sqrt(terms) * ||truth||), L2
-    norms over the output. None where it does not apply (not a real floating output, a truth that
-    is not finite). The 1e-2 rule passes any answer within ~0.3% of the reference, so it passed
-    work done in a lower precision (bf16 or TF32 operands into a float32 task's matmul, 7-15x the
+    it: ||out - truth|| / max(||ref - truth||, eps * max(PRECISION_ULPS, sqrt(terms) /
+    PRECISION_TERMS_DIV) * ||truth||), L2 norms over the output. None where it does not apply
+    (not a real floating output, a truth that is not finite). The 1e-2 rule passes any answer
+    within ~0.3% of the reference, so it passed work done in a lower precision (bf16 or TF32 operands into a float32 task's matmul, 7-15x the
     throughput of float32 on an H100) and statistics guessed or sampled rather than computed (a
     softmax's normaliser taken as its expected value on rand inputs, a LayerNorm's mean and
     variance from a sample): 500 to 7,000 yardsticks on the CPU machine, where honest float32
     answers (split-K in another order, a naive sequential dot product, two-pass statistics, a
     chunked logsumexp) were 0.05 to 2.4 (red-team, s36). terms: how many input elements feed one
     output element at most (the inputs' numel over the output's): an honest float32 sum of n terms
-    in another order is ~eps sqrt(n) from the truth, so a loss summed by block atomics over 1e9
-    elements is not held to what torch's pairwise sum achieves."""
+    in any order is about eps sqrt(n) / 8.6 from the truth (a fully sequential one, measured), so a
+    loss summed by block atomics over 1e9 elements is not held to what torch's pairwise sum
+    achieves. The floor was 4 eps sqrt(n) until judge-14, up to 16x the one of now, and it let
+    bf16 or TF32 work before a pooling or a mean pass (a bf16 conv before a 523-term average pool
+    at 6, a bf16 GEMM before a mean over 1024 features at 13-20; red-team, s37)."""
     if not out.is_floating_point() or out.numel() == 0 or out.dtype == torch.float64:
         return None
     t = truth.double()
@@ -192,7 +196,7 @@ def precision_ratio(out, ref, truth, terms=1.0):
     if not math.isfinite(size):
         return None
     base = max(torch.linalg.vector_norm(ref.double() - t).item(),
-               PRECISION_ULPS * torch.finfo(out.dtype).eps * math.sqrt(max(1.0, terms)) * size)
+               torch.finfo(out.dtype).eps * max(PRECISION_ULPS, math.sqrt(max(1.0, terms)) / PRECISION_TERMS_DIV) * size)
     err = torch.linalg.vector_norm(out.double() - t).item()
     if base == 0.0:
         return 0.0 if err == 0.0 else math.inf
