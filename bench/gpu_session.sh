@@ -146,7 +146,7 @@ case $step in
 import json, pathlib, re, sys
 for r in json.load(open(sys.argv[2]))["results"]:
     f = pathlib.Path(sys.argv[1]) / (r["solution"] + ".py")
-    want = re.search(r"expect `([a-z_]+)`", f.read_text()) if f.exists() else None
+    want = re.search(r"expect[^`]*`([A-Za-z_]+)`", f.read_text()) if f.exists() else None
     print(r["solution"], "reason", r.get("reason"), "expected", want and want.group(1), "reward", r.get("reward"),
           "precision", json.dumps(r.get("precision")), "max_error", r.get("max_error"))
 PY
