@@ -56,7 +56,7 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 P=/opt/torch/.venv/bin/python3
 B=$PWD/build-gpu/opforge
-[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|agent|serve|trainer|ppo-smoke|throughput|checks|kb|dedupscale|corpus|release|shards|resume|audit|precision|profstart|learning|lreval..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bench/gpu_session.sh build|eval|agent|serve|trainer|ppo-smoke|throughput|checks|kb|dedupscale|corpus|release|shards|resume|audit|precision|hack|profstart|learning|lreval..." >&2; exit 2; }
 source .device/env.sh > /dev/null
 export PATH=/opt/torch/.venv/bin:$PATH
 # bubblewrap comes in .device (pack-debs.sh bubblewrap): the judge sandboxes every solution with it.
@@ -75,7 +75,7 @@ judge_j() { local mb; mb=$(nvidia-smi --query-gpu=memory.total --format=csv,nohe
             echo "-j $(( ${mb:-80000} / 12000 > 1 ? ${mb:-80000} / 12000 : 1 ))"; }
 stamp() { echo "== $(date +%T) $*" | tee -a "$OUT/steps.txt"; }
 gpu_model() {  # h100, h200: the release's checkpoints and folders are one GPU model's (docs/release.md)
-  nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9]*' | head -1 | tr H h
+  nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o 'H[0-9]\+' | head -1 | tr H h
 }
 restore_ws() {  # WS DBGZ: a workspace from a carried database (none carried: the run crawls)
   mkdir -p "$1"

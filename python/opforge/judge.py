@@ -47,7 +47,7 @@ from opforge import tolerance as tol
 
 STARTUP_S = 300
 SAMPLE_RATE = 0.2  # share of timed calls whose output is read back and checked
-PRECISION_SAMPLE = 0.25  # share of those also held to the float64 result (_Truth), beside the last
+PRECISION_KEEP = 4  # timed read-backs, drawn at random, also held to the float64 result (_Truth) after timing
 MAX_FILES_BYTES = 256 << 20
 
 
@@ -633,9 +633,10 @@ def _shape_list(ts):
 class _Truth:
     """The reference in float64 (tolerance.precision_ratio): an answer right by the 1e-2 rule must
     also be about as near the true outputs as float32 eager is, on the first checked set, on the
-    last timed call read back and on a random PRECISION_SAMPLE of the others read back (a child
-    knows a checked call from a timed one, not which timed call is read back, nor which of those
-    is held to float64; the last batch alone was predictable from the trial count). The float64
+    last timed call read back and on PRECISION_KEEP of the others read back, drawn at random and
+    checked once timing is over (a child knows a checked call from a timed one, not which timed
+    call is read back, nor which of those is held to float64; the last batch alone was predictable
+    from the trial count). The float64
     copy of the model is made at the first use and kept for the rest. A reference that cannot run
     in float64 (an op without it) is no verdict on the answer: the check is skipped and says why.
     Running out of device memory is not skipped (a child could hold the memory to be let off): it
@@ -658,7 +659,7 @@ class _Truth:
             self.m64 = None
             return
         if [t.shape for t in truth] != [t.shape for t in expected]:
-            self.skipped = "the reference in float64 returns other outputs"
+            self.skipped, self.m64 = "the reference in float64 returns other outputs", None
             return
         worst, at = tol.precision_check(got, expected, truth, tol.input_numel(values))
         if worst is None:
@@ -938,6 +939,7 @@ class _Timer:
         self.rng = random.Random(int.from_bytes(os.urandom(8), "little"))
         self.current, self.fetch_ms, self.sampled, self.wrong = [], [], 0, None
         self.prep_s = 0.0  # how long the last before() took
+        self.kept, self.seen = [], 0  # (output on the host, its inputs' seed): read-backs for _Truth
 
     def _watched(self):
         """Under strict, timed calls are held to the policy as checked ones are: what the observer
@@ -1009,8 +1011,27 @@ class _Timer:
             self.sampled += 1
             if not ok and self.wrong is None:
                 self.wrong = err
-            if ok and self.truth is not None and (force or self.rng.random() < PRECISION_SAMPLE):  # _Truth
+            if ok and self.truth is not None and force:  # the last call, read back after timing
                 self.truth.check(got, exp, values, "a timed call's output, read back")
+            elif ok and self.truth is not None:
+                self._keep(got, self.current[k])
+
+    def _keep(self, got, seed):
+        """A uniform draw of PRECISION_KEEP of the timed read-backs (reservoir sampling, fresh
+        entropy), kept on the host and held to float64 once timing is over: run here, the float64
+        forwards would hold the GPU's timing lock and spend the timing budget."""
+        self.seen += 1
+        if len(self.kept) < PRECISION_KEEP:
+            self.kept.append(([g.to("cpu") for g in got], seed))
+        elif (j := self.rng.randrange(self.seen)) < PRECISION_KEEP:
+            self.kept[j] = ([g.to("cpu") for g in got], seed)
+
+    def _check_kept(self):
+        for got, seed in self.kept:
+            values = self.draw(seed)
+            self.truth.check([g.to(self.sess.device) for g in got], _expected(self.ref, values), values,
+                             "a timed call's output, read back")
+        self.kept = []
 
     def _calibrate(self, lock):
         """Single calls (also the warm-up) give the call's time, and so the batch size; the
@@ -1047,6 +1068,8 @@ class _Timer:
             raise Verdict("incorrect", f"a timed call's output, read back after its inputs were overwritten, is off by "
                                        f"{self.wrong:.4g}: the output was not finished when the call returned, or "
                                        "the timed calls computed otherwise than the checked ones")
+        if self.truth is not None:
+            self._check_kept()
         if self.strict:
             self._watched()
         stats.update({"sampled_calls": self.sampled, "fetch_median_ms": _median(self.fetch_ms),
