@@ -518,12 +518,14 @@ TEST(Filter, TwinsAreJudgedOnceAndDedupKeepsTheSameTasks) {
 
   // A twin whose first is being judged by another filter waits for that verdict: here a filter on
   // another host leases x_two and goes silent; once its heartbeat is stale the lease is taken over.
+  // Its last heartbeat is put 15 s ahead: a filter that took over 10 s to start (a loaded CI
+  // machine) found it stale at once, and no twin waited.
   auto waits = dir / "waits";
   ASSERT_EQ(test::run_opforge({"import", "--workspace", waits.string(), (dir / "in").string()}).exit_code, 0);
   {
     Db db(waits / "opforge.db");
     db.exec("INSERT INTO filter_holders VALUES('elsewhere/b/ns/1', 'elsewhere', 'b', 'ns', 1, '1', '0/1', 0, "
-            "strftime('%s', 'now'))");
+            "strftime('%s', 'now') + 15)");
     db.exec("INSERT INTO filter_leases VALUES('" + id["x_two"] + "', 'elsewhere/b/ns/1', 0)");
   }
   r = test::run_opforge(quick_filter(waits, {"--lease-stale-s", "10"}, 2));
