@@ -1,5 +1,8 @@
 #include "opforge/core/store.h"
 
+#include <chrono>
+#include <thread>
+
 #include <spdlog/spdlog.h>
 
 #include "opforge/core/error.h"
@@ -12,6 +15,21 @@ namespace {
   throw Error(fmt::format("SQLite error in {} ({}): {}", what,
                           sql.size() > 80 ? std::string(sql.substr(0, 80)) + "…" : std::string(sql),
                           db ? sqlite3_errmsg(db) : "no database"));
+}
+// The connection's set-up, retried while another connection holds the lock it needs: SQLite
+// answers SQLITE_BUSY at once, without the busy handler, where waiting could deadlock (switching a
+// fresh database to WAL while another connection does the same), and connections opening one
+// fresh workspace at once (filter shards, a test's threads) failed to open instead of waiting.
+void setup_exec(sqlite3* db, const char* sql, const std::filesystem::path& file) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (int rc;;) {
+    rc = sqlite3_exec(db, sql, nullptr, nullptr, nullptr);
+    if (rc == SQLITE_OK) return;
+    if ((rc & 0xff) != SQLITE_BUSY && (rc & 0xff) != SQLITE_LOCKED) break;
+    if (std::chrono::steady_clock::now() > until) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  throw Error(fmt::format("SQLite error setting up {} ({}): {}", file.string(), sql, sqlite3_errmsg(db)));
 }
 }  // namespace
 
@@ -76,10 +94,14 @@ Db::Db(const std::filesystem::path& file) : path_(file) {
   }
   sqlite3_busy_timeout(db_, 30000);
   // WAL: readers (opforge status) never block the writer; a killed writer leaves a consistent db.
-  exec("PRAGMA journal_mode=WAL");
-  exec("PRAGMA synchronous=NORMAL");
-  exec("PRAGMA foreign_keys=ON");
-  exec("CREATE TABLE IF NOT EXISTS schema_versions (component TEXT PRIMARY KEY, version INTEGER NOT NULL)");
+  try {
+    for (const char* sql : {"PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL", "PRAGMA foreign_keys=ON",
+                            "CREATE TABLE IF NOT EXISTS schema_versions (component TEXT PRIMARY KEY, version INTEGER NOT NULL)"})
+      setup_exec(db_, sql, file);
+  } catch (...) {
+    sqlite3_close(db_);  // the destructor does not run for a constructor that throws
+    throw;
+  }
 }
 
 Db::~Db() { sqlite3_close_v2(db_); }
