@@ -29,7 +29,7 @@ void setup_exec(sqlite3* db, const char* sql, const std::filesystem::path& file)
     if (std::chrono::steady_clock::now() > until) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  throw Error(fmt::format("SQLite error setting up {} ({}): {}", file.string(), sql, sqlite3_errmsg(db)));
+  fail(db, "setting up " + file.string(), sql);
 }
 }  // namespace
 

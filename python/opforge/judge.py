@@ -636,8 +636,7 @@ class _Truth:
     last timed call read back and on PRECISION_KEEP of the others read back, drawn at random and
     checked once timing is over (a child knows a checked call from a timed one, not which timed
     call is read back, nor which of those is held to float64; the last batch alone was predictable
-    from the trial count). The float64
-    copy of the model is made at the first use and kept for the rest. A reference that cannot run
+    from the trial count). The float64 copy of the model is made at the first use and kept. A reference that cannot run
     in float64 (an op without it) is no verdict on the answer: the check is skipped and says why.
     Running out of device memory is not skipped (a child could hold the memory to be let off): it
     is the verdict of memory that a judge sharing the device gives again alone (evaluator/README.md)."""
@@ -1011,20 +1010,20 @@ class _Timer:
             self.sampled += 1
             if not ok and self.wrong is None:
                 self.wrong = err
-            if ok and self.truth is not None and force:  # the last call, read back after timing
-                self.truth.check(got, exp, values, "a timed call's output, read back")
-            elif ok and self.truth is not None:
-                self._keep(got, self.current[k])
+            if ok and self.truth is not None:
+                if force:  # the last call, read back after timing
+                    self.truth.check(got, exp, values, "a timed call's output, read back")
+                else:
+                    self._keep(got, self.current[k])
 
     def _keep(self, got, seed):
         """A uniform draw of PRECISION_KEEP of the timed read-backs (reservoir sampling, fresh
         entropy), kept on the host and held to float64 once timing is over: run here, the float64
         forwards would hold the GPU's timing lock and spend the timing budget."""
         self.seen += 1
-        if len(self.kept) < PRECISION_KEEP:
-            self.kept.append(([g.to("cpu") for g in got], seed))
-        elif (j := self.rng.randrange(self.seen)) < PRECISION_KEEP:
-            self.kept[j] = ([g.to("cpu") for g in got], seed)
+        j = len(self.kept) if len(self.kept) < PRECISION_KEEP else self.rng.randrange(self.seen)
+        if j < PRECISION_KEEP:
+            self.kept[j:j + 1] = [([g.to("cpu") for g in got], seed)]
 
     def _check_kept(self):
         for got, seed in self.kept:
