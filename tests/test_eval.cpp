@@ -196,9 +196,39 @@ TEST(Eval, UntimedJudgesCorrectnessOnlyWithNoTimingAndNoBaselines) {
   std::string honest = test::read_file(eval_fixtures() / "solutions" / "linear_relu.py");
   test::write_file(dir / "solutions" / "cut_short.py", honest + "\nclass Broken(\n");
   fs::copy_file(eval_fixtures() / "tasks" / "linear_relu.py", dir / "tasks" / "cut_short.py");
+  // An output holding -inf (a causal mask's): the exact answer is off by nothing, and its row
+  // reaches the report (its max_error of -inf - -inf read as inf, written `Infinity`, was a reply
+  // the C++ side could not parse: judge_worker_crash for every correct answer).
+  const char* masked = R"(import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        n = x.shape[-1]
+        keep = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
+        return torch.log_softmax(x.masked_fill(~keep, float("-inf")), dim=-1)
+
+
+def get_inputs():
+    return [torch.randn(4, 64, 64)]
+
+
+def get_init_inputs():
+    return []
+)";
+  test::write_file(dir / "tasks" / "masked_log_softmax.py", masked);
+  test::write_file(dir / "solutions" / "masked_log_softmax.py",
+                   std::string(masked).replace(std::string(masked).find("class Model("), 12, "class ModelNew("));
   auto run = run_eval(dir / "tasks", dir / "solutions", dir / "out",
                       {"--untimed", "--policy", "torch-allowed", "--no-plots"});
   ASSERT_EQ(run.cmd.exit_code, 0) << run.cmd.err;
+  json inf_row = run.by_solution["masked_log_softmax"];
+  EXPECT_EQ(inf_row["reward"], 1) << inf_row.dump(2);
+  EXPECT_EQ(inf_row["max_error"], 0.0) << inf_row.dump(2);
   json r = run.by_solution["linear_relu"];
   EXPECT_TRUE(r["correct"].get<bool>()) << r.dump(2);
   EXPECT_EQ(r["reward"], 1) << "no speed-up is measured, so none is rewarded";

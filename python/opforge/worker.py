@@ -6,6 +6,7 @@ An exception in a handler is an answer, not a crash: only a dead process is a cr
 """
 import importlib
 import json
+import math
 import os
 import platform
 import sys
@@ -71,6 +72,26 @@ def ping(**kwargs):
     return {"pong": True, **kwargs}
 
 
+def _finite(obj):
+    """obj with every inf and NaN number made null (what the C++ side reads as "no figure")."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _dumps(reply):
+    """JSON as the C++ side parses it: Python writes inf as `Infinity`, which is not JSON, and a
+    reply it cannot parse was a worker crash, the verdict of a correct answer (red-team, s38)."""
+    try:
+        return json.dumps(reply, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(reply), allow_nan=False)
+
+
 def handle(line):
     try:
         req = json.loads(line)
@@ -80,7 +101,7 @@ def handle(line):
         mod_name, fn_name = HANDLERS[op].split(":")
         fn = getattr(importlib.import_module(mod_name), fn_name)
         result = fn(**req.get("args", {}))
-        return json.dumps({"ok": True, "result": result})
+        return _dumps({"ok": True, "result": result})
     # SystemExit too: task code calling sys.exit() must not end the worker.
     except (Exception, SystemExit) as e:  # noqa: BLE001 - every failure becomes an answer
         return json.dumps(
