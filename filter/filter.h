@@ -55,7 +55,7 @@ inline const std::vector<std::string> kChecks = {"finite",       "deterministic"
 
 // The filter's own version, part of every verdict's configuration hash: raise it when a check
 // changes what it accepts, so verdicts of the old checks show as stale.
-inline constexpr const char* kFilterVersion = "filter-8";
+inline constexpr const char* kFilterVersion = "filter-9";
 // What a verdict depends on (its xxh3 is stored with the verdict as `config`).
 nlohmann::json config_of(const FilterOptions& o, const std::string& device);
 

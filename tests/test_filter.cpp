@@ -62,6 +62,7 @@ TEST(Filter, PlantedCandidatesGetExactlyTheirVerdicts) {
       {"offset_correlation", "rejected:constant_within_tolerance"},
       {"weights_beside_input", "rejected:constant_within_tolerance"},
       {"small_residual", "rejected:input_within_tolerance"},
+      {"layer_scale", "rejected:dead_compute"},      {"zero_gate", "rejected:dead_compute"},
   };
   EXPECT_EQ(verdicts(ws), expected);
 

@@ -182,6 +182,7 @@ def _run_checks(model, inputs_a, inputs_b, first, mod, tracer, skip, rtol, atol)
         raise Reject("input_insensitive", "two different input sets give the same output")
     if "judge_distinguishable" not in skip:
         _judge_distinguishable(model, inputs_a, out_a, out_b, rtol, atol)
+        _no_dead_module(model, inputs_a, out_a, rtol, atol)
     return mod, model, inputs_a, out_a, tracer.ops
 
 
@@ -222,6 +223,59 @@ def _no_input_passes(inputs, outs, rtol, atol):
                 raise Reject("input_within_tolerance",
                              f"output {k} (shape {list(o.shape)}) is within the judge's tolerance (rtol={rtol:g}, "
                              f"atol={atol:g}) of input {j}: returning the input would pass the judge")
+
+
+MAX_DEAD_PROBES = 32  # weight-owning submodules probed at most, the largest first
+
+
+def _owns_weights(module):
+    return any(p is not None and p.is_floating_point() for p in module.parameters(recurse=False))
+
+
+def _noised(y, gen, touched):
+    """y plus Gaussian noise of y's own spread (its magnitude where it has none: a zero-initialised
+    layer's output), for every floating tensor in a module's output (tensors, tuples, lists);
+    touched counts them, so an output of another kind (a ModelOutput) is not taken for dead."""
+    if isinstance(y, torch.Tensor):
+        if not y.is_floating_point() or y.numel() == 0:
+            return y
+        s = y.float().std().item() if y.numel() > 1 else 0.0
+        s = s if math.isfinite(s) and s > 0 else max(y.float().abs().mean().item(), 1.0)
+        touched.append(1)
+        if str(y.device) not in gen:
+            gen[str(y.device)] = torch.Generator(device=y.device).manual_seed(1234)
+        g = gen[str(y.device)]
+        return y + s * torch.randn(y.shape, generator=g, device=y.device, dtype=y.dtype)
+    if isinstance(y, (tuple, list)) and not hasattr(y, "_fields"):
+        return type(y)(_noised(v, gen, touched) for v in y)
+    return y
+
+
+def _no_dead_module(model, inputs, outs, rtol, atol):
+    """Every submodule that owns weights does work the outputs need: its output, replaced by noise
+    of its own spread, moves some output beyond the judge's rule. Otherwise a solution could skip
+    that work and still pass: ConvNeXt's blocks scaled by a layer scale initialised to 1e-6, a
+    feed-forward gated by tanh(alpha = 0) (Flamingo, ReZero, adaLN-Zero) earned reward 3 at 7-10x
+    eager while computing only the stem (red-team, thirty-eighth session). The judge runs the task's
+    own initial weights, so a branch they silence is free to drop."""
+    mods = [(n, m) for n, m in model.named_modules() if n and _owns_weights(m)]
+    mods.sort(key=lambda nm: -sum(p.numel() for p in nm[1].parameters(recurse=False)))
+    for name, m in mods[:MAX_DEAD_PROBES]:
+        gen, touched = {}, []
+        hook = m.register_forward_hook(lambda _m, _a, y: _noised(y, gen, touched))
+        try:
+            noisy = _leaves(_run(model, inputs))
+        except Exception:  # noqa: BLE001 - an output the noise breaks is one that needs the module
+            continue
+        finally:
+            hook.remove()
+        # A submodule the forward never calls does no work to skip (touched stays empty).
+        if touched and tol.close(noisy, outs, rtol, atol):
+            raise Reject("dead_compute",
+                         f"submodule {name} ({type(m).__name__}): with its output replaced by noise of its own "
+                         f"spread every output stays within the judge's tolerance (rtol={rtol:g}, atol={atol:g}): "
+                         "its work does not reach the outputs at the task's weights, and an answer that skips it "
+                         "would pass the judge")
 
 
 MAX_INPUT_ELEMENTS = 1 << 28  # calibration never grows the inputs past 1 GiB of float32
