@@ -17,7 +17,7 @@ namespace opforge::evaluator {
 
 // Bumped whenever the way solutions are checked or timed changes: cached baselines and report
 // rows of another judge version are never mixed with this one's.
-inline constexpr const char* kJudgeVersion = "judge-14";
+inline constexpr const char* kJudgeVersion = "judge-15";
 
 // ---- launch.cpp
 struct Launch {

@@ -21,7 +21,6 @@ rewrites before every call, and hands back outputs only as bytes in shared memor
 3. eval_baselines: the task's own Model (eager, then torch.compile) in children of the same kind,
    timed with the same protocol, so the per-call overhead of the crossing is in both figures.
 """
-import copy
 import fcntl
 import gc
 import hashlib
@@ -649,7 +648,7 @@ class _Truth:
             return
         try:
             if self.m64 is None:
-                self.m64 = copy.deepcopy(self.ref).double()
+                self.m64 = tol.widened_copy(self.ref)
             truth = tol.float64_outputs(self.m64, values, T.flatten_outputs, widened=True)
         except torch.cuda.OutOfMemoryError:
             raise  # the child may hold the device's memory on purpose: eval_solution's verdict of memory

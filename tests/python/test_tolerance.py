@@ -296,5 +296,38 @@ class PrecisionRatio(unittest.TestCase):
         self.assertTrue(torch.allclose(out.float(), lin(x, 2), atol=1e-6))
         self.assertEqual(tol.input_numel([x, 2, torch.arange(4)]), 24)
 
+    def test_complex_float64_and_plain_attribute_outputs_are_checked(self):
+        # Each passed unchecked until judge-15 / filter-9 (red-team, s38): a complex64 FFT of
+        # TF32-rounded inputs, a float64 task computed in float32, and a task whose weight is a
+        # plain tensor attribute (its float64 run failed, so the check was skipped).
+        g = torch.Generator().manual_seed(38)
+        x = torch.randn(64, 4096, generator=g)
+        ref = torch.fft.fft(x)
+        worst, _ = tol.precision_check([torch.fft.fft(_tf32(x))], [ref], [torch.fft.fft(x.double())], x.numel())
+        self.assertGreater(worst, tol.PRECISION_RATIO)
+        self.assertLess(tol.precision_check([ref], [ref], [torch.fft.fft(x.double())], x.numel())[0], 4)
+
+        w64, x64 = torch.randn(512, 512, generator=g, dtype=torch.float64) / 23, x[:, :512].double()
+        ref64 = x64 @ w64.t()
+        narrow = ((x64.float() @ w64.float().t())).double()
+        self.assertTrue(tol.close([narrow], [ref64]), "the hole")
+        self.assertGreater(tol.precision_check([narrow], [ref64], [ref64], x64.numel())[0], tol.PRECISION_RATIO)
+
+        class Plain(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.weight = torch.randn(256, 512, generator=g) / 23  # not a Parameter, not a buffer
+
+            def forward(self, x):
+                return x @ self.weight.t()
+
+        m = Plain()
+        (truth,) = tol.float64_outputs(m, [x[:, :512]], lambda o: [o])
+        self.assertEqual(truth.dtype, torch.float64)
+        self.assertEqual(m.weight.dtype, torch.float32, "the task's model is not changed")
+        cheap = _tf32(x[:, :512]) @ _tf32(m.weight).t()
+        self.assertGreater(tol.precision_check([cheap], [m(x[:, :512])], [truth], 512 * 64)[0], tol.PRECISION_RATIO)
+
+
 if __name__ == "__main__":
     unittest.main()
