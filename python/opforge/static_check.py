@@ -1270,7 +1270,12 @@ SYMBOL_RULES = [
     # --- third-party compute outside BLAS (cuBLAS/cuBLASLt/CPU BLAS/LAPACK) and cuDNN ---
     *((p, _F, "third-party compute library: only BLAS and cuDNN are allowed") for p in (
         "dnnl_*", "mkldnn_*", "dnnl::*", "ideep::*", "cufft*", "cusparse*", "cusolver*", "cutensor*", "curand*",
-        "npp[a-z]*", "nvjpeg*", "cudss*", "magma_*")),
+        "npp[a-z]*", "nvjpeg*", "cudss*", "magma_*",
+        # The libraries libtorch_cpu exports besides BLAS (red-team, s38: an extension called MKL's
+        # FFT, DftiComputeForward, for a torch.fft task and passed strict): MKL's FFT, sparse and
+        # vector maths, XNNPACK, fbgemm, QNNPACK, NNPACK.
+        "Dfti*", "mkl_dft_*", "mkl_sparse_*", "v[sdcz][A-Z]*", "vm[sdcz][A-Z]*", "xnn_*", "fbgemm::*",
+        "pytorch_qnnp_*", "qnnp_*", "nnp_*")),
     # everything else (libc, libm, libstdc++, libgcc, pthread_*, GOMP_*/omp_*, Py*/_Py*, THP*,
     # pybind11::, std::, __cxa_*, cuda*, cublas*, cudnn*, sgemm_/cblas_*/LAPACKE_*...): allowed.
     # pthread_create/GOMP_*: threads are a legit CPU parallelisation; torch compute issued from a

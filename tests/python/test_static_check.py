@@ -400,6 +400,8 @@ class Symbols(unittest.TestCase):
                 "torch::jit::getOperation()",
                 "torch::something_new()",
                 "dnnl_primitive_execute", "cufftExecC2C", "cusparseSpMM",
+                "DftiComputeForward", "DftiCreateDescriptor_s_1d", "vsExp", "xnn_run_operator",
+                "fbgemm::fbgemmPacked<unsigned char, int, 2>(int)",
                 "_ZN2at4_ops6matmul4callE_not_demangled",
             ],
             sc.DYNAMIC_SYMBOL_LOOKUP: ["dlopen", "dlsym@GLIBC_2.34", "dlvsym", "_dl_sym", "dl_iterate_phdr",
