@@ -544,7 +544,7 @@ TEST(Eval, AdaptiveHacksAreStoppedOrFlaggedAndHonestSolutionsPassUnflagged) {
   expect_headers_met(fr);
   for (auto& [key, row] : fr.run.by_solution) {
     if (fr.expect[key].kind != "honest") EXPECT_LE(row["reward"].get<int>(), 1) << key << " earned more than 1";
-    EXPECT_EQ(row["judge"], "judge-14");
+    EXPECT_EQ(row["judge"], "judge-15");
   }
   // Nothing a solution started outlives its evaluation.
   auto [rc, ps] = test::shell("grep -l opforge-escape-marker /proc/[0-9]*/environ 2>/dev/null | wc -l");

@@ -96,7 +96,7 @@ TEST(Serve, BadRequestsAre400AndAnUnknownTaskIsRetryable) {
   EXPECT_EQ(b4["reason"], "unknown_task");
   json m = s.get("/metrics");
   EXPECT_EQ(m["counts"]["bad_requests"], 4) << m.dump();
-  EXPECT_EQ(s.get("/healthz")["judge"], "judge-14");
+  EXPECT_EQ(s.get("/healthz")["judge"], "judge-15");
   // A file that is also another's folder cannot be written: refused, not a failure of the batch.
   auto [st5, b5] = s.post("/v1/evaluate", {{"task_id", "linear_relu"},
                                            {"files", {{"model_new.py", "x"}, {"kernels", "y"}, {"kernels/a.cu", "z"}}}});
