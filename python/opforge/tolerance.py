@@ -227,8 +227,8 @@ def widened_copy(model):
     m64 = copy.deepcopy(model).double()
     for m in m64.modules():
         for k, v in list(vars(m).items()):
-            if isinstance(v, torch.Tensor) and (v.is_floating_point() or v.is_complex()):
-                setattr(m, k, v.to(torch.complex128 if v.is_complex() else torch.float64))
+            if isinstance(v, torch.Tensor):
+                setattr(m, k, _wide(v))
     return m64
 
 
@@ -238,14 +238,28 @@ def float64_outputs(model, inputs, flatten, widened=False):
     precision_ratio and the filter's conditioning measure against. Raises what the float64 run
     raises (an op without float64, memory)."""
     m64 = model if widened else widened_copy(model)
-    x64 = [x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs]
-    with torch.no_grad():
-        return flatten(m64(*x64))
+    x64 = [_wide(x) if isinstance(x, torch.Tensor) else x for x in inputs]
+    # Tensors the forward makes itself (torch.linspace, torch.tensor) take the default dtype: float64
+    # here, else a float64 task's truth kept float32 constants and equalled its reference, and an
+    # answer more exact than it failed (review, s38).
+    was = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with torch.no_grad():
+            return flatten(m64(*x64))
+    finally:
+        torch.set_default_dtype(was)
+
+
+def _wide(t):
+    if t.is_complex():
+        return t.to(torch.complex128)
+    return t.double() if t.is_floating_point() else t
 
 
 def input_numel(values):
     """The floating elements of an input set (precision_check's terms)."""
-    return sum(x.numel() for x in values if isinstance(x, torch.Tensor) and x.is_floating_point())
+    return sum(x.numel() for x in values if isinstance(x, torch.Tensor) and (x.is_floating_point() or x.is_complex()))
 
 
 def close(outs, refs, rtol=RTOL, atol=ATOL):

@@ -329,5 +329,21 @@ class PrecisionRatio(unittest.TestCase):
         self.assertGreater(tol.precision_check([cheap], [m(x[:, :512])], [truth], 512 * 64)[0], tol.PRECISION_RATIO)
 
 
+    def test_the_truth_makes_its_own_constants_in_float64(self):
+        # A float64 task whose forward makes a constant at the default dtype: with that constant
+        # float32 in the truth too, the truth equalled the reference and an exact answer was 3.5e7
+        # units off (review, s38).
+        class Ramp(torch.nn.Module):
+            def forward(self, x):
+                return x * torch.linspace(0, 1, x.shape[-1]) + torch.arange(x.shape[-1]) * 0.1
+
+        x = torch.randn(64, 1000, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+        m = Ramp()
+        (truth,) = tol.float64_outputs(m, [x], lambda o: [o])
+        exact = x * torch.linspace(0, 1, 1000, dtype=torch.float64) + torch.arange(1000) * 0.1
+        self.assertLess(tol.precision_check([exact], [m(x)], [truth], x.numel())[0], 4)
+        self.assertEqual(torch.get_default_dtype(), torch.float32, "the default dtype is restored")
+
+
 if __name__ == "__main__":
     unittest.main()
