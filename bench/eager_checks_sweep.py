@@ -16,7 +16,6 @@ import gzip
 import json
 import os
 import random
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -37,15 +36,13 @@ except F.Reject as e:
 
 
 def accepted(db_path, seed):
-    with tempfile.TemporaryDirectory() as tmp:
-        path = db_path
-        if db_path.endswith(".gz"):
-            path = os.path.join(tmp, "db.sqlite")
-            with gzip.open(db_path) as src, open(path, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-        rows = sqlite3.connect(path).execute(
-            "SELECT t.id, t.source, f.code FROM filter_results f JOIN tasks t ON t.id = f.task_id "
-            "WHERE f.verdict = 'accepted'").fetchall()
+    """(id, source, code) of the accepted tasks, transformers modules first; a .gz database is read
+    into memory (sqlite3's deserialize), not unpacked to a file."""
+    con = sqlite3.connect(":memory:")
+    with (gzip.open if db_path.endswith(".gz") else open)(db_path, "rb") as f:
+        con.deserialize(f.read())
+    rows = con.execute("SELECT t.id, t.source, f.code FROM filter_results f JOIN tasks t ON t.id = f.task_id "
+                       "WHERE f.verdict = 'accepted'").fetchall()
     random.Random(seed).shuffle(rows)
     return sorted(rows, key=lambda r: r[1] != "transformers")
 

@@ -635,8 +635,9 @@ class _Truth:
     last timed call read back and on PRECISION_KEEP of the others read back, drawn at random and
     checked once timing is over (a child knows a checked call from a timed one, not which timed
     call is read back, nor which of those is held to float64; the last batch alone was predictable
-    from the trial count). The float64 copy of the model is made at the first use and kept. A reference that cannot run
-    in float64 (an op without it) is no verdict on the answer: the check is skipped and says why.
+    from the trial count). The float64 copy of the model is made at the first use and kept. A
+    reference that cannot run in float64 (an op without it) is no verdict on the answer: the check
+    is skipped and says why.
     Running out of device memory is not skipped (a child could hold the memory to be let off): it
     is the verdict of memory that a judge sharing the device gives again alone (evaluator/README.md)."""
 

@@ -178,8 +178,8 @@ def precision_ratio(out, ref, truth, terms=1.0):
     PRECISION_TERMS_DIV) * ||truth||), L2 norms over the output. None where it does not apply
     (not a real floating output, a truth that is not finite). The 1e-2 rule passes any answer
     within ~0.3% of the reference, so it passed work done in a lower precision (bf16 or TF32
-    operands into a float32 task's matmul, 7-15x the throughput of float32 on an H100) and statistics guessed or sampled rather than computed (a
-    softmax's normaliser taken as its expected value on rand inputs, a LayerNorm's mean and
+    operands into a float32 task's matmul, 7-15x the throughput of float32 on an H100) and
+    statistics guessed or sampled rather than computed (a softmax's normaliser taken as its expected value on rand inputs, a LayerNorm's mean and
     variance from a sample): 500 to 7,000 yardsticks on the CPU machine, where honest float32
     answers (split-K in another order, a naive sequential dot product, two-pass statistics, a
     chunked logsumexp) were 0.05 to 2.4 (red-team, s36). terms: how many input elements feed one
