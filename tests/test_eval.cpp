@@ -223,9 +223,53 @@ def get_init_inputs():
   test::write_file(dir / "tasks" / "masked_log_softmax.py", masked);
   test::write_file(dir / "solutions" / "masked_log_softmax.py",
                    std::string(masked).replace(std::string(masked).find("class Model("), 12, "class ModelNew("));
+  // Adversaries of judge-15's changes, each -1: -inf where the mask is and nothing computed
+  // elsewhere (max_error counts equal infinities as 0, nothing more); a complex FFT of TF32-rounded
+  // inputs; a float64 task done in float32; a plain-attribute weight with TF32 operands.
+  const std::string tf32 = "\ndef tf32(t):\n    return ((t.contiguous().view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)\n";
+  auto pair = [&](const std::string& name, const std::string& task, const std::string& forward) {
+    test::write_file(dir / "tasks" / (name + ".py"), task);
+    test::write_file(dir / "solutions" / (name + ".py"),
+                     "import torch\nimport torch.nn as nn\n" + tf32 + "\n\nclass ModelNew(nn.Module):\n" + forward);
+  };
+  std::string masked_hack(masked);
+  const std::string lsm = "torch.log_softmax(x.masked_fill(~keep, float(\"-inf\")), dim=-1)";
+  masked_hack.replace(masked_hack.find(lsm), lsm.size(), "torch.zeros_like(x).masked_fill(~keep, float(\"-inf\"))");
+  masked_hack.replace(masked_hack.find("class Model("), 12, "class ModelNew(");
+  test::write_file(dir / "tasks" / "masked_zeros.py", masked);
+  test::write_file(dir / "solutions" / "masked_zeros.py", masked_hack);
+  pair("fft_tf32",
+       "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def forward(self, x):\n"
+       "        return torch.fft.fft(x)\n\n\ndef get_inputs():\n    return [torch.randn(64, 4096)]\n\n\n"
+       "def get_init_inputs():\n    return []\n",
+       "    def forward(self, x):\n        return torch.fft.fft(tf32(x))\n");
+  const std::string lin64 =
+      "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+      "        super().__init__()\n        self.weight = nn.Parameter(torch.randn(512, 512, dtype=torch.float64) / 23)\n\n"
+      "    def forward(self, x):\n        return x @ self.weight.t()\n\n\ndef get_inputs():\n"
+      "    return [torch.randn(256, 512, dtype=torch.float64)]\n\n\ndef get_init_inputs():\n    return []\n";
+  pair("float64_in_float32", lin64,
+       "    def __init__(self):\n        super().__init__()\n"
+       "        self.weight = nn.Parameter(torch.randn(512, 512, dtype=torch.float64) / 23)\n\n"
+       "    def forward(self, x):\n        return (x.float() @ self.weight.float().t()).double()\n");
+  pair("plain_attribute_tf32",
+       "import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+       "        super().__init__()\n        self.weight = torch.randn(512, 512) / 23\n\n"
+       "    def forward(self, x):\n        return x @ self.weight.t()\n\n\ndef get_inputs():\n"
+       "    return [torch.randn(256, 512)]\n\n\ndef get_init_inputs():\n    return []\n",
+       "    def __init__(self):\n        super().__init__()\n        self.weight = torch.randn(512, 512) / 23\n\n"
+       "    def forward(self, x):\n        return tf32(x) @ tf32(self.weight).t()\n");
   auto run = run_eval(dir / "tasks", dir / "solutions", dir / "out",
                       {"--untimed", "--policy", "torch-allowed", "--no-plots"});
   ASSERT_EQ(run.cmd.exit_code, 0) << run.cmd.err;
+  std::map<std::string, std::string> adversaries = {{"masked_zeros", "incorrect"},
+                                                    {"fft_tf32", "imprecise"},
+                                                    {"float64_in_float32", "imprecise"},
+                                                    {"plain_attribute_tf32", "imprecise"}};
+  for (const auto& [name, reason] : adversaries) {
+    EXPECT_EQ(run.by_solution[name]["reward"], -1) << name << ": " << run.by_solution[name].dump(2);
+    EXPECT_EQ(run.by_solution[name]["reason"], reason) << name << ": " << run.by_solution[name].dump(2);
+  }
   json inf_row = run.by_solution["masked_log_softmax"];
   EXPECT_EQ(inf_row["reward"], 1) << inf_row.dump(2);
   EXPECT_EQ(inf_row["max_error"], 0.0) << inf_row.dump(2);

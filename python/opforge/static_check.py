@@ -1275,7 +1275,15 @@ SYMBOL_RULES = [
         # FFT, DftiComputeForward, for a torch.fft task and passed strict): MKL's FFT, sparse and
         # vector maths, XNNPACK, fbgemm, QNNPACK, NNPACK.
         "Dfti*", "mkl_dft_*", "mkl_sparse_*", "v[sdcz][A-Z]*", "vm[sdcz][A-Z]*", "xnn_*", "fbgemm::*",
-        "pytorch_qnnp_*", "qnnp_*", "nnp_*")),
+        "pytorch_qnnp_*", "qnnp_*", "nnp_*", "mkl_spblas_*", "mkl_vml_*")),
+    # AOTInductor's C shim, which libtorch exports: torch's own kernels through a C ABI, no at::
+    # symbol (aoti_torch_cpu_convolution, aoti_torch__scaled_dot_product_flash_attention, ...;
+    # adversary review, s38). Its tensor plumbing stays allowed for the stable ABI.
+    *((p, None, "AOTI tensor plumbing") for p in (
+        "aoti_torch_get_*", "aoti_torch_dtype_*", "aoti_torch_device_type_*", "aoti_torch_layout_*",
+        "aoti_torch_empty_strided", "aoti_torch_create_tensor_from_blob*", "aoti_torch_delete_tensor_object",
+        "aoti_torch_new_tensor_handle", "aoti_torch_abi_version", "aoti_torch_is_*")),
+    ("aoti_torch_*", _F, "torch kernel through AOTInductor's C shim: only BLAS and cuDNN are allowed libraries"),
     # everything else (libc, libm, libstdc++, libgcc, pthread_*, GOMP_*/omp_*, Py*/_Py*, THP*,
     # pybind11::, std::, __cxa_*, cuda*, cublas*, cudnn*, sgemm_/cblas_*/LAPACKE_*...): allowed.
     # pthread_create/GOMP_*: threads are a legit CPU parallelisation; torch compute issued from a

@@ -376,6 +376,7 @@ class Symbols(unittest.TestCase):
         self.assertEqual(self.kinds(["dlsym"]), [sc.DYNAMIC_SYMBOL_LOOKUP])
         self.assertEqual(self.kinds(["cublasSgemm_v2"]), [])
         self.assertEqual(self.kinds(["sgemm_"]), [])
+        self.assertEqual(self.kinds(["aoti_torch_get_data_ptr", "aoti_torch_empty_strided"]), [])
 
     def test_honest_extension_imports(self):
         self.assertEqual(whats(sc.check_symbols(HONEST_SYMBOLS)), "")
@@ -402,6 +403,8 @@ class Symbols(unittest.TestCase):
                 "dnnl_primitive_execute", "cufftExecC2C", "cusparseSpMM",
                 "DftiComputeForward", "DftiCreateDescriptor_s_1d", "vsExp", "xnn_run_operator",
                 "fbgemm::fbgemmPacked<unsigned char, int, 2>(int)",
+                "aoti_torch_cpu_convolution", "aoti_torch__scaled_dot_product_flash_attention",
+                "aoti_torch_cuda_mm_out", "aoti_torch_addmm_out", "mkl_spblas_scsrmv", "mkl_vml_kernel_sExp_L9HAynn",
                 "_ZN2at4_ops6matmul4callE_not_demangled",
             ],
             sc.DYNAMIC_SYMBOL_LOOKUP: ["dlopen", "dlsym@GLIBC_2.34", "dlvsym", "_dl_sym", "dl_iterate_phdr",
